@@ -1,0 +1,3 @@
+from fedrc_cli.app import main
+
+main()

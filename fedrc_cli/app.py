@@ -1,0 +1,28 @@
+"""The `fedrc` command: partition → train → eval → plot."""
+
+from __future__ import annotations
+
+import typer
+
+from fedrc_cli.evaluate import evaluate
+from fedrc_cli.partition import partition
+from fedrc_cli.plot import plot
+from fedrc_cli.train import train
+
+app = typer.Typer(
+    name="fedrc",
+    help="Clustered federated learning under label, feature and concept shift: build "
+    "benchmarks, train FedRC and baselines, evaluate and plot. Each command reads its section "
+    "of params.yaml; options override it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command(no_args_is_help=False)(partition)
+app.command(no_args_is_help=False)(train)
+app.command("eval", no_args_is_help=False)(evaluate)
+app.command(no_args_is_help=False)(plot)
+
+
+def main() -> None:
+    app()

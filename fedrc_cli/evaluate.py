@@ -1,0 +1,45 @@
+"""`fedrc eval`: local and global accuracy, per concept, and concept purity of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fedrc_cli.common import ParamsOption, console, load_config, user_errors
+from pipeline.config import EvalConfig
+from pipeline.stages import eval_stage
+
+
+def evaluate(
+    run: Annotated[Path | None, typer.Option(help="Run folder written by `fedrc train`.")] = None,
+    hard: Annotated[
+        bool | None,
+        typer.Option("--hard/--soft", help="Predict with the model of largest ω (hard) or the "
+                     "ω-weighted ensemble (soft, the default)."),
+    ] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Score a run: accuracies at the best-train round and the last round → eval.json."""
+    with user_errors():
+        config = load_config(EvalConfig, params, run=str(run) if run else None, hard=hard)
+        result = eval_stage(config)
+    table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction)")
+    table.add_column("")
+    table.add_column("round", justify="right")
+    table.add_column("local", justify="right")
+    table.add_column("global", justify="right")
+    table.add_row("best train accuracy", str(result["best_round"]),
+                  f"{result['local_accuracy']:.4f}", f"{result['global_accuracy']:.4f}")
+    table.add_row("last round", str(result["final_round"]),
+                  f"{result['final_local_accuracy']:.4f}", f"{result['final_global_accuracy']:.4f}")
+    table.add_row("best global (optimistic)", str(result["max_global_round"]), "",
+                  f"{result['max_global_accuracy']:.4f}")
+    console.print(table)
+    by_concept = ", ".join(f"{k} {v:.3f}" for k, v in result["global_accuracy_by_concept"].items())
+    console.print(f"global accuracy by concept (best round): {by_concept}")
+    purity = result["concept_purity"]
+    console.print(f"concept purity: {'n/a (one model)' if purity is None else f'{purity:.3f}'}")
+    console.print(f"Wrote {config.run}/eval.json and eval_clients.json")

@@ -1,0 +1,25 @@
+"""`fedrc plot`: cluster maps, accuracy curves and the ω heat map of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedrc_cli.common import ParamsOption, console, load_config, user_errors
+from pipeline.config import PlotConfig
+from pipeline.stages import plot_stage
+
+
+def plot(
+    run: Annotated[Path | None, typer.Option(help="Run folder written by `fedrc train`.")] = None,
+    dpi: Annotated[int | None, typer.Option(help="Resolution of the PNG files.")] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Draw the paper's Figure 3 style cluster map, accuracy curves and ω per client."""
+    with user_errors():
+        config = load_config(PlotConfig, params, run=str(run) if run else None, dpi=dpi)
+        paths = plot_stage(config)
+    for path in paths:
+        console.print(f"Wrote {path}")

@@ -1,0 +1,105 @@
+"""`fedrc train`: federated training of one algorithm on a partitioned benchmark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from fedrc_cli.common import ParamsOption, console, fail, is_terminal, load_config, user_errors
+from pipeline.config import TrainConfig
+from pipeline.stages import train_stage
+
+
+def describe(row: dict[str, Any]) -> str:
+    text = f"loss {row['train_loss']:.3f}"
+    if "train_accuracy" in row:
+        text += (f"  train {row['train_accuracy']:.3f}  local {row['local_accuracy']:.3f}"
+                 f"  global {row['global_accuracy']:.3f}")
+    return text + f"  ({row['seconds']:.1f}s)"
+
+
+def train(
+    data: Annotated[Path | None, typer.Option(help="Folder written by `fedrc partition`.")] = None,
+    algorithm: Annotated[str | None, typer.Option(help="fedavg, fedem or fedrc.")] = None,
+    clusters: Annotated[int | None, typer.Option(help="K, the number of models.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Communication rounds.")] = None,
+    local_epochs: Annotated[int | None, typer.Option(help="Local epochs per round.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Local mini-batch size.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Local SGD learning rate.")] = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum (fresh each round).")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="SGD weight decay.")] = None,
+    participation: Annotated[
+        float | None, typer.Option(help="Share of participating clients sampled each round.")
+    ] = None,
+    eval_every: Annotated[
+        int | None, typer.Option(help="Evaluate every N rounds (and at the last round).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for models, sampling and batches.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda when available), cpu or cuda.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder.")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a finished or partial run in --out.")
+    ] = False,
+    params: ParamsOption = None,
+) -> None:
+    """Train FedAvg, FedEM or FedRC; writes metrics, ω assignments and checkpoints."""
+    with user_errors():
+        config = load_config(
+            TrainConfig, params, data=str(data) if data else None, algorithm=algorithm,
+            clusters=clusters, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
+            lr=lr, momentum=momentum, weight_decay=weight_decay, participation=participation,
+            eval_every=eval_every, seed=seed, device=device, out=str(out) if out else None,
+        )
+        if resume and overwrite:
+            raise fail("--resume and --overwrite: choose one")
+        done: dict[str, Any] = {"round": None}
+        console.print(
+            f"Training [bold]{config.algorithm}[/] (K={config.num_models}) on {config.data} "
+            f"for {config.rounds} rounds → {config.out}"
+        )
+        try:
+            if is_terminal():
+                run_with_progress(config, resume, overwrite, done)
+            else:
+                def log(row: dict[str, Any]) -> None:
+                    done["round"] = row["round"]
+                    print(f"round {row['round']}/{config.rounds}  {describe(row)}", flush=True)
+
+                train_stage(config, resume=resume, overwrite=overwrite, on_round=log)
+        except KeyboardInterrupt:
+            where = f"after round {done['round']}" if done["round"] else "before the first round"
+            raise fail(
+                f"interrupted {where}; continue with: fedrc train --out {config.out} --resume",
+                code=130,
+            ) from None
+    console.print(f"Done: {config.out}/metrics.jsonl, assignments.parquet, model.pt")
+
+
+def run_with_progress(config: TrainConfig, resume: bool, overwrite: bool, done: dict) -> None:
+    columns = (
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[latest]}"),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(config.algorithm, total=config.rounds, latest="")
+
+        def update(row: dict[str, Any]) -> None:
+            done["round"] = row["round"]
+            progress.update(task, completed=row["round"], latest=describe(row))
+
+        train_stage(config, resume=resume, overwrite=overwrite, on_round=update)

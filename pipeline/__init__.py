@@ -1,0 +1,1 @@
+"""fedrc's library: data, models, algorithms, execution, evaluation and plots, without the CLI."""

@@ -1,0 +1,18 @@
+"""One module per algorithm, all with the verbs of `base.Algorithm`."""
+
+from __future__ import annotations
+
+from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.fedavg import FedAvg
+from pipeline.algorithms.fedem import FedEM
+from pipeline.algorithms.fedrc import FedRC
+from pipeline.config import TrainConfig
+
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedEM, FedRC)}
+
+
+def build_algorithm(config: TrainConfig, num_clients: int, num_classes: int) -> Algorithm:
+    return REGISTRY[config.algorithm](config.num_models, num_clients, num_classes, config)
+
+
+__all__ = ["REGISTRY", "Algorithm", "build_algorithm"]

@@ -1,0 +1,37 @@
+"""FedEM (Marfoq et al., 2021): clients are mixtures of K models, fitted by EM.
+
+E-step (log space): γ_{ij;k} = softmax_k(log ω_{i;k} − f(x_ij, y_ij; θ_k)), ω_{i;k} = mean_j γ_{ij;k}.
+M-step: model k trains locally with per-sample weights γ_{ij;k}; the server averages every model
+over the sampled clients with weights N_i. Prediction: p(y|x) = Σ_k ω_{i;k} softmax(m_k(x)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.algorithms.base import Algorithm
+
+
+class FedEM(Algorithm):
+    name = "fedem"
+
+    def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
+        """Extra log-likelihood per (sample, model); FedEM has none. FedRC: −log C_{y,k}."""
+        return 0.0
+
+    def responsibilities(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor, held_out: bool = False
+    ) -> torch.Tensor:
+        log_omega = torch.log(self.omega[client]).to(losses)
+        logits = log_omega - losses + self.label_term(labels, held_out)
+        return torch.softmax(logits, dim=1)
+
+    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        gamma = self.responsibilities(client, losses, labels)
+        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)
+        return gamma
+
+    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
+        """One E-step on the client's labelled part; ω carries over between evaluations."""
+        gamma = self.responsibilities(client, losses, labels, held_out=True)
+        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)

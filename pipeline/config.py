@@ -1,0 +1,241 @@
+"""One typed dataclass per params.yaml section, validated where it is defined.
+
+A stage's configuration is built in three layers: the dataclass defaults, the stage's section of
+params.yaml, then the CLI options that were given. The resolved configuration is written beside
+the stage's output (`config.json`), so every artifact says how it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from pipeline.errors import FedrcError
+
+DATASETS = ("fmnist", "synthetic")
+CLIENT_MIXES = ("paper", "reference")
+ALGORITHMS = ("fedavg", "fedem", "fedrc")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(ok: bool, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise FedrcError(f"{key}: expected {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How `fedrc partition` builds the federated benchmark (FedRC paper, appendix H.8)."""
+
+    dataset: str = "fmnist"
+    data_root: str | None = None
+    clients: int = 300
+    samples_per_client: int | None = None  # None: the training pool split evenly over clients
+    alpha: float = 1.0
+    client_mix: str = "paper"
+    styles: list[str] | None = None  # None: every implemented corruption
+    test_fraction: float = 0.1
+    holdout_samples: int | None = None  # per non-participating client; None: whole test set
+    seed: int = 0
+    out: str = "data/federated"
+
+    def validate(self) -> None:
+        from pipeline.data.corruptions import CORRUPTIONS
+
+        p = "partition"
+        _require(self.dataset in DATASETS, f"{p}.dataset", f"one of {DATASETS}", self.dataset)
+        _require(self.clients >= 2, f"{p}.clients", "an integer >= 2", self.clients)
+        spc = self.samples_per_client
+        _require(spc is None or spc >= 2, f"{p}.samples_per_client", ">= 2 or null", spc)
+        _require(
+            math.isfinite(self.alpha) and self.alpha > 0, f"{p}.alpha", "a number > 0", self.alpha
+        )
+        mixes = CLIENT_MIXES
+        _require(self.client_mix in mixes, f"{p}.client_mix", f"one of {mixes}", self.client_mix)
+        if self.styles is not None:
+            _require(len(self.styles) > 0, f"{p}.styles", "a non-empty list or null", self.styles)
+            for s in self.styles:
+                _require(s in CORRUPTIONS, f"{p}.styles", f"names from {sorted(CORRUPTIONS)}", s)
+        tf = self.test_fraction
+        _require(0 < tf < 1, f"{p}.test_fraction", "a number in (0, 1)", tf)
+        hs = self.holdout_samples
+        _require(hs is None or hs >= 10, f"{p}.holdout_samples", ">= 10 or null", hs)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How `fedrc train` runs federated training (FedRC paper, Algorithm 1 and appendix H)."""
+
+    data: str = "data/federated"
+    algorithm: str = "fedrc"
+    clusters: int = 3
+    rounds: int = 200
+    local_epochs: int = 1
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    drop_last: bool = False
+    participation: float = 1.0
+    label_floor: float = 1e-8  # FedRC: floor on the summed label tables before normalising
+    heldout_label_prior: bool = True  # FedRC: apply C_{y,k} in held-out E-steps (paper eq. 3)
+    eval_every: int = 1
+    seed: int = 0
+    device: str = "auto"
+    out: str = "runs/fedrc"
+
+    def validate(self) -> None:
+        t = "train"
+        _require(self.algorithm in ALGORITHMS, f"{t}.algorithm", f"one of {ALGORITHMS}",
+                 self.algorithm)
+        _require(self.clusters >= 1, f"{t}.clusters", "an integer >= 1", self.clusters)
+        _require(self.rounds >= 1, f"{t}.rounds", "an integer >= 1", self.rounds)
+        _require(self.local_epochs >= 1, f"{t}.local_epochs", "an integer >= 1",
+                 self.local_epochs)
+        _require(self.batch_size >= 1, f"{t}.batch_size", "an integer >= 1", self.batch_size)
+        _require(math.isfinite(self.lr) and self.lr > 0, f"{t}.lr", "a number > 0", self.lr)
+        _require(0 <= self.momentum < 1, f"{t}.momentum", "a number in [0, 1)", self.momentum)
+        _require(self.weight_decay >= 0, f"{t}.weight_decay", "a number >= 0", self.weight_decay)
+        _require(0 < self.participation <= 1, f"{t}.participation", "a number in (0, 1]",
+                 self.participation)
+        _require(0 < self.label_floor < 1, f"{t}.label_floor", "a number in (0, 1)",
+                 self.label_floor)
+        _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
+        _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
+
+    @property
+    def num_models(self) -> int:
+        return 1 if self.algorithm == "fedavg" else self.clusters
+
+    def identity(self) -> dict[str, Any]:
+        """The fields a checkpoint must match to be resumed (everything that changes the numbers)."""
+        d = dataclasses.asdict(self)
+        for k in ("rounds", "device", "out", "data"):
+            d.pop(k)
+        return d
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How `fedrc eval` scores a run."""
+
+    run: str = "runs/fedrc"
+    hard: bool = False  # predict with the arg-max model instead of the ω-weighted ensemble
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class PlotConfig:
+    """What `fedrc plot` draws."""
+
+    run: str = "runs/fedrc"
+    dpi: int = 120
+
+    def validate(self) -> None:
+        _require(20 <= self.dpi <= 600, "plot.dpi", "an integer in [20, 600]", self.dpi)
+
+
+Config = TypeVar("Config", PartitionConfig, TrainConfig, EvalConfig, PlotConfig)
+SECTIONS: dict[type, str] = {
+    PartitionConfig: "partition",
+    TrainConfig: "train",
+    EvalConfig: "eval",
+    PlotConfig: "plot",
+}
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check a YAML value against a dataclass field's type; ints are accepted where floats are."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner)
+    if origin is list:
+        _require(isinstance(value, list), key, "a list", value)
+        return [_coerce(key, v, args[0]) for v in value]
+    if annotation is bool:
+        _require(isinstance(value, bool), key, "true or false", value)
+    elif annotation is int:
+        _require(isinstance(value, int) and not isinstance(value, bool), key, "an integer", value)
+    elif annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(ok, key, "a number", value)
+        return float(value)
+    elif annotation is str:
+        _require(isinstance(value, str), key, "a string", value)
+    return value
+
+
+def read_params(path: Path | None) -> dict[str, Any]:
+    """The parsed params file; an absent default file means 'all defaults'."""
+    if path is None:
+        default = Path("params.yaml")
+        if not default.exists():
+            return {}
+        path = default
+    if not path.is_file():
+        raise FedrcError(f"--params: file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise FedrcError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise FedrcError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def build_config(
+    cls: type[Config], params: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> Config:
+    """Defaults, then params.yaml's section, then the CLI overrides that are not None."""
+    section = SECTIONS[cls]
+    raw = params.get(section) or {}
+    if not isinstance(raw, dict):
+        raise FedrcError(f"{section}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise FedrcError(f"{section}.{key}: unknown key (known: {', '.join(sorted(names))})")
+        values[key] = _coerce(f"{section}.{key}", value, hints[key])
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    config = cls(**values)
+    config.validate()
+    return config
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def field_default(cls: type, name: str) -> Any:
+    return {f.name: f for f in dataclasses.fields(cls)}[name].default
+
+
+__all__ = [
+    "ALGORITHMS",
+    "DATASETS",
+    "EvalConfig",
+    "PartitionConfig",
+    "PlotConfig",
+    "TrainConfig",
+    "build_config",
+    "config_dict",
+    "field",
+    "read_params",
+]

@@ -1,0 +1,1 @@
+"""Datasets, distribution shifts and the Parquet shard format."""

@@ -1,0 +1,229 @@
+"""The federated dataset on disk: one Parquet file per client plus `manifest.json`.
+
+A row is one sample: `image` (raw uint8 H×W×C bytes), `label` (after the concept's label map),
+`true_label`, `client_id`, `participating`, `concept`, `style`, `severity`, `split`. One file per
+client lets a reader (or a distributed rank) load only the clients it needs; the whole folder
+reads as one table with `pyarrow.dataset.dataset(DIR / "shards")`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.errors import FedrcError
+
+MANIFEST = "manifest.json"
+SHARDS = "shards"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class ClientData:
+    client_id: int
+    participating: bool
+    concept: int
+    style: str  # corruption name or "none"
+    severity: int  # 0 when clean
+    images: np.ndarray  # (N, H, W, C) uint8
+    true_labels: np.ndarray  # (N,)
+    labels: np.ndarray  # (N,) after the concept's label map
+    is_test: np.ndarray  # (N,) bool
+
+
+def shard_name(client_id: int) -> str:
+    return f"client-{client_id:05d}.parquet"
+
+
+def _schema(image_bytes: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("image", pa.binary(image_bytes)),
+            ("label", pa.int16()),
+            ("true_label", pa.int16()),
+            ("client_id", pa.int32()),
+            ("participating", pa.bool_()),
+            ("concept", pa.int8()),
+            ("style", pa.string()),
+            ("severity", pa.int8()),
+            ("split", pa.string()),
+        ]
+    )
+
+
+def client_table(client: ClientData) -> pa.Table:
+    # Train rows first, then test rows: a reader gets each split as one contiguous range.
+    order = np.argsort(client.is_test, kind="stable")
+    n, image_bytes = len(order), int(np.prod(client.images.shape[1:]))
+    flat = np.ascontiguousarray(client.images[order]).reshape(-1)
+    images = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(image_bytes), n, [None, pa.py_buffer(flat)]
+    )
+    return pa.table(
+        {
+            "image": images,
+            "label": pa.array(client.labels[order], pa.int16()),
+            "true_label": pa.array(client.true_labels[order], pa.int16()),
+            "client_id": pa.array(np.full(n, client.client_id), pa.int32()),
+            "participating": pa.array(np.full(n, client.participating), pa.bool_()),
+            "concept": pa.array(np.full(n, client.concept), pa.int8()),
+            "style": pa.array([client.style] * n, pa.string()),
+            "severity": pa.array(np.full(n, client.severity), pa.int8()),
+            "split": pa.array(np.where(client.is_test[order], "test", "train"), pa.string()),
+        },
+        schema=_schema(image_bytes),
+    )
+
+
+def client_summary(client: ClientData, num_classes: int) -> dict[str, Any]:
+    train = ~client.is_test
+    return {
+        "client_id": client.client_id,
+        "participating": client.participating,
+        "concept": client.concept,
+        "style": client.style,
+        "severity": client.severity,
+        "train_size": int(train.sum()),
+        "test_size": int(client.is_test.sum()),
+        "label_histogram": np.bincount(client.labels[train], minlength=num_classes).tolist(),
+        "true_label_histogram": np.bincount(
+            client.true_labels[train], minlength=num_classes
+        ).tolist(),
+    }
+
+
+def write_shards(folder: Path, clients: list[ClientData], manifest: dict[str, Any]) -> None:
+    """Write every client's shard and the manifest (with each file's SHA-256) into `folder`."""
+    shards = folder / SHARDS
+    shards.mkdir(parents=True)
+    hashes = {}
+    for client in clients:
+        path = shards / shard_name(client.client_id)
+        pq.write_table(client_table(client), path, compression="zstd")
+        hashes[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest = {**manifest, "format_version": FORMAT_VERSION, "files": hashes}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FedrcError(f"--data: {path} not found (run `fedrc partition` first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrcError(f"{path}: corrupt manifest ({e})") from None
+    needed = ("dataset", "image_shape", "num_classes", "clients", "format_version")
+    missing = [k for k in needed if k not in manifest]
+    if missing:
+        raise FedrcError(f"{path}: manifest lacks {', '.join(missing)}")
+    if manifest["format_version"] > FORMAT_VERSION:
+        raise FedrcError(f"{path}: written by a newer fedrc (format {manifest['format_version']})")
+    return manifest
+
+
+def read_client_table(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise FedrcError(f"{path}: shard missing")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise FedrcError(f"{path}: corrupt Parquet shard ({str(e).splitlines()[0]})") from None
+
+
+@dataclass
+class FederatedData:
+    """The whole federated dataset as tensors: each client's train and test rows are contiguous.
+
+    Client `i`'s training rows are `train_slices[i]`, its test rows `test_slices[i]`; clients
+    are numbered as in the manifest (participating first, then the held-out ones).
+    """
+
+    images: torch.Tensor  # (N, C, H, W) uint8
+    labels: torch.Tensor  # (N,) int64
+    train_slices: list[slice]
+    test_slices: list[slice]
+    manifest: dict[str, Any]
+    distinct: torch.Tensor  # rows holding each distinct image once (held-out clients share them)
+    inverse: torch.Tensor  # row → position of its image in `distinct`
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.manifest["num_classes"])
+
+    @property
+    def clients(self) -> list[dict[str, Any]]:
+        return self.manifest["clients"]
+
+    @property
+    def participating(self) -> list[int]:
+        return [c["client_id"] for c in self.clients if c["participating"]]
+
+    @property
+    def held_out(self) -> list[int]:
+        return [c["client_id"] for c in self.clients if not c["participating"]]
+
+    def to(self, device: torch.device) -> FederatedData:
+        return FederatedData(
+            self.images.to(device), self.labels.to(device), self.train_slices, self.test_slices,
+            self.manifest, self.distinct.to(device), self.inverse.to(device),
+        )
+
+
+def load_federated(folder: Path) -> FederatedData:
+    manifest = read_manifest(folder)
+    shape = tuple(manifest["image_shape"])  # (H, W, C)
+    image_bytes = int(np.prod(shape))
+    images, labels, train_slices, test_slices = [], [], [], []
+    offset = 0
+    for position, entry in enumerate(manifest["clients"]):
+        if entry["client_id"] != position:
+            raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
+        path = folder / SHARDS / shard_name(position)
+        table = read_client_table(path)
+        expected = entry["train_size"] + entry["test_size"]
+        if table.num_rows != expected or table.schema.field("image").type != pa.binary(
+            image_bytes
+        ):
+            raise FedrcError(
+                f"{path}: shard does not match the manifest ({table.num_rows} rows, "
+                f"expected {expected} images of {image_bytes} bytes)"
+            )
+        column = table.column("image").combine_chunks()
+        raw = np.frombuffer(column.buffers()[1], dtype=np.uint8)
+        raw = raw[column.offset * image_bytes : (column.offset + len(column)) * image_bytes]
+        images.append(raw.reshape(-1, *shape))
+        labels.append(table.column("label").to_numpy().astype(np.int64))
+        n_train = entry["train_size"]
+        train_slices.append(slice(offset, offset + n_train))
+        test_slices.append(slice(offset + n_train, offset + expected))
+        offset += expected
+    pixels = np.concatenate(images)
+    rows = np.ascontiguousarray(pixels.reshape(len(pixels), -1))
+    _, distinct, inverse = np.unique(
+        rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_index=True,
+        return_inverse=True,
+    )
+    return FederatedData(
+        torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(),
+        torch.from_numpy(np.concatenate(labels)),
+        train_slices,
+        test_slices,
+        manifest,
+        torch.from_numpy(distinct),
+        torch.from_numpy(inverse.reshape(-1)),
+    )
+
+
+def data_digest(manifest: dict[str, Any]) -> str:
+    """One hash for the whole federated dataset: the manifest's per-file hashes, in order."""
+    files = manifest.get("files", {})
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,8 @@
+"""The one exception type for problems a user can fix."""
+
+
+class FedrcError(Exception):
+    """A bad option, a missing or corrupt file: the CLI prints the message on one line and exits 2.
+
+    The message names the option or file and says what was expected.
+    """

@@ -1,0 +1,109 @@
+"""Accuracy of every client under its ω, and how cleanly an algorithm clustered the concepts.
+
+Local accuracy: mean test accuracy of the participating clients on their own test splits.
+Global accuracy (the paper's primary metric): mean test accuracy of the non-participating
+clients, one per concept, each after fitting its ω on its labelled part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from pipeline.algorithms import Algorithm
+from pipeline.data.shards import FederatedData
+from pipeline.engine import SequentialExecutor
+
+
+def all_logits(
+    executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
+) -> torch.Tensor:
+    """(K, N, classes) logits for every row; each distinct image goes through a model once."""
+    return executor.logits(models, data.images[data.distinct])[:, data.inverse]
+
+
+def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy (N, K) from logits (K, N, classes)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, labels.expand(logits.shape[0], -1).unsqueeze(-1)).squeeze(-1).T
+
+
+def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.Tensor:
+    """Soft: arg-max of Σ_k ω_k softmax(z_k). Hard: the arg-max of the model with the largest ω."""
+    if hard:
+        return logits[int(torch.argmax(omega))].argmax(-1)
+    weights = omega.to(logits).view(-1, 1, 1)
+    return (weights * torch.softmax(logits, dim=-1)).sum(0).argmax(-1)
+
+
+def score_clients(
+    logits: torch.Tensor, data: FederatedData, omega: torch.Tensor, hard: bool
+) -> list[dict[str, float]]:
+    """Train and test accuracy of every client, predicting with its row of ω."""
+    scores = []
+    for client, (train, test) in enumerate(zip(data.train_slices, data.test_slices)):
+        row = {}
+        for split, rows in (("train", train), ("test", test)):
+            pred = predictions(logits[:, rows], omega[client], hard)
+            row[split] = float((pred == data.labels[rows]).float().mean())
+        scores.append(row)
+    return scores
+
+
+def summarize(data: FederatedData, scores: list[dict[str, float]]) -> dict[str, Any]:
+    """Client-averaged train / local / global accuracy and the global accuracy per concept."""
+    part, held = data.participating, data.held_out
+    concepts = data.manifest["concepts"]
+    by_concept = {
+        concepts[data.clients[h]["concept"]]: scores[h]["test"] for h in held
+    }
+    return {
+        "train_accuracy": float(np.mean([scores[i]["train"] for i in part])),
+        "local_accuracy": float(np.mean([scores[i]["test"] for i in part])),
+        "global_accuracy": float(np.mean([scores[h]["test"] for h in held])),
+        "global_accuracy_by_concept": by_concept,
+    }
+
+
+def omega_table(algorithm: Algorithm, num_clients: int) -> torch.Tensor:
+    return torch.stack([algorithm.predict_weights(i) for i in range(num_clients)])
+
+
+def evaluate_round(
+    algorithm: Algorithm, executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Held-out E-steps, then soft and hard accuracies of every client.
+
+    Also returns the per-sample losses (N, K) of every row under `models`: the participating
+    clients' training rows are exactly what the next round's E-step needs.
+    """
+    logits = all_logits(executor, models, data)
+    losses = per_sample_losses(logits, data.labels)
+    for h in data.held_out:
+        rows = data.train_slices[h]
+        algorithm.assign_held_out(h, losses[rows], data.labels[rows])
+    omega = omega_table(algorithm, len(data.clients))
+    soft = summarize(data, score_clients(logits, data, omega, hard=False))
+    hard = summarize(data, score_clients(logits, data, omega, hard=True))
+    return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, losses
+
+
+def concept_purity(
+    omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray
+) -> float | None:
+    """Share of the ω-mass that falls in each concept's own cluster, clusters matched 1:1.
+
+    mass[c, k] = Σ_{i in concept c} N_i ω_{i;k}; concepts are matched to distinct clusters to
+    maximise the matched mass (Hungarian), so 1.0 means every concept sits wholly in a cluster
+    of its own, and putting two concepts in one cluster is penalised. None with one model.
+    """
+    if omega.shape[1] < 2:
+        return None
+    num_concepts = int(concepts.max()) + 1
+    mass = np.zeros((num_concepts, omega.shape[1]))
+    np.add.at(mass, concepts, omega * sizes[:, None])
+    rows, cols = linear_sum_assignment(-mass)
+    return float(mass[rows, cols].sum() / mass.sum())

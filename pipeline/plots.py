@@ -1,0 +1,138 @@
+"""The run's pictures: the paper's Figure 3 cluster maps, accuracy curves, and ω per client."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+from pipeline.io import atomic_dir  # noqa: E402
+
+
+def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
+    """The last evaluated round and its ω table (clients in id order)."""
+    rounds = assignments.column("round").to_numpy()
+    last = int(rounds.max())
+    rows = assignments.filter(pc.equal(assignments.column("round"), last))
+    k = sum(name.startswith("omega_") for name in assignments.column_names)
+    omega = np.stack([rows.column(f"omega_{j}").to_numpy() for j in range(k)], 1)
+    order = np.argsort(rows.column("client_id").to_numpy())
+    return last, omega[order]
+
+
+def cluster_shares(
+    omega: np.ndarray, manifest: dict[str, Any]
+) -> dict[str, tuple[list[str], np.ndarray]]:
+    """For every class, style and concept: the share of its training samples in each cluster."""
+    part = [c for c in manifest["clients"] if c["participating"]]
+    ids = [c["client_id"] for c in part]
+    w = omega[ids]
+    hist = np.asarray([c["label_histogram"] for c in part], dtype=float)  # (M, C)
+    sizes = hist.sum(1)
+    styles = sorted({c["style"] for c in part})
+    concepts = manifest["concepts"]
+
+    def by_group(keys: list[Any], values: list[Any]) -> np.ndarray:
+        mass = np.zeros((len(keys), w.shape[1]))
+        for value, row, n in zip(values, w, sizes):
+            mass[keys.index(value)] += n * row
+        return mass
+
+    shares = {
+        "class": ([str(y) for y in range(hist.shape[1])], hist.T @ w),
+        "style": (styles, by_group(styles, [c["style"] for c in part])),
+        "concept": (concepts, by_group(list(range(len(concepts))), [c["concept"] for c in part])),
+    }
+    return {
+        name: (labels, mass / np.maximum(mass.sum(1, keepdims=True), 1e-12))
+        for name, (labels, mass) in shares.items()
+    }
+
+
+def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> None:
+    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_title(title)
+    ax.set_xticks(range(matrix.shape[1]), [f"k={j}" for j in range(matrix.shape[1])])
+    ax.set_yticks(range(len(rows)), rows)
+    if matrix.size <= 200:
+        for (i, j), v in np.ndenumerate(matrix):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v > 0.6 else "black")
+
+
+def draw_cluster_map(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int):
+    shares = cluster_shares(omega, manifest)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.8), constrained_layout=True)
+    for ax, (name, (labels, matrix)) in zip(axes, shares.items()):
+        _heatmap(ax, matrix, labels, f"share of each {name} per cluster")
+    fig.suptitle(f"Cluster assignment at round {round_}")
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def draw_accuracy(path: Path, metrics: list[dict[str, Any]], dpi: int) -> None:
+    rows = [r for r in metrics if "train_accuracy" in r]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
+    for key, label in (("train_accuracy", "train"), ("local_accuracy", "local (participating)"),
+                       ("global_accuracy", "global (held-out)")):
+        ax.plot([r["round"] for r in rows], [r[key] for r in rows], marker=".", label=label)
+    ax.set(xlabel="round", ylabel="accuracy", ylim=(0, 1), title="Accuracy over rounds")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def draw_omega(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int) -> None:
+    clients = manifest["clients"]
+    order = sorted(range(len(clients)),
+                   key=lambda i: (not clients[i]["participating"], clients[i]["concept"], i))
+    labels = [
+        f"{'held-out ' if not clients[i]['participating'] else ''}"
+        f"{manifest['concepts'][clients[i]['concept']]}"
+        for i in order
+    ]
+    fig, ax = plt.subplots(figsize=(3 + omega.shape[1], 2 + 0.05 * len(order)),
+                           constrained_layout=True)
+    ax.imshow(omega[order], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    changes = [j for j in range(1, len(order)) if labels[j] != labels[j - 1]]
+    for j in changes:
+        ax.axhline(j - 0.5, color="white", lw=1)
+    starts = [0, *changes]
+    ends = [*changes, len(order)]
+    ax.set_yticks([(a + b - 1) / 2 for a, b in zip(starts, ends)], [labels[a] for a in starts])
+    ax.set_xticks(range(omega.shape[1]), [f"k={j}" for j in range(omega.shape[1])])
+    ax.set_title(f"ω per client, sorted by concept (round {round_})")
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def write_accuracy_csv(path: Path, metrics: list[dict[str, Any]]) -> None:
+    keys = ["round", "train_accuracy", "local_accuracy", "global_accuracy"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(keys)
+        for r in metrics:
+            if "train_accuracy" in r:
+                writer.writerow([r[k] for k in keys])
+
+
+def draw_all(
+    folder: Path, metrics: list[dict[str, Any]], assignments: pa.Table, manifest: dict, dpi: int
+) -> list[Path]:
+    round_, omega = final_omega(assignments)
+    names = ["cluster_map.png", "accuracy.png", "omega.png", "accuracy.csv"]
+    with atomic_dir(folder) as tmp:
+        draw_cluster_map(tmp / names[0], omega, manifest, round_, dpi)
+        draw_accuracy(tmp / names[1], metrics, dpi)
+        draw_omega(tmp / names[2], omega, manifest, round_, dpi)
+        write_accuracy_csv(tmp / names[3], metrics)
+    return [folder / n for n in names]
