@@ -17,8 +17,11 @@ def evaluate(
     run: Annotated[Path | None, typer.Option(help="Run folder written by `fedrc train`.")] = None,
     hard: Annotated[
         bool | None,
-        typer.Option("--hard/--soft", help="Predict with the model of largest ω (hard) or the "
-                     "ω-weighted ensemble (soft, the default)."),
+        typer.Option(
+            "--hard/--soft",
+            help="Predict with the model of largest ω (hard) or the "
+            "ω-weighted ensemble (soft, the default).",
+        ),
     ] = None,
     params: ParamsOption = None,
 ) -> None:
@@ -31,12 +34,24 @@ def evaluate(
     table.add_column("round", justify="right")
     table.add_column("local", justify="right")
     table.add_column("global", justify="right")
-    table.add_row("best train accuracy", str(result["best_round"]),
-                  f"{result['local_accuracy']:.4f}", f"{result['global_accuracy']:.4f}")
-    table.add_row("last round", str(result["final_round"]),
-                  f"{result['final_local_accuracy']:.4f}", f"{result['final_global_accuracy']:.4f}")
-    table.add_row("best global (optimistic)", str(result["max_global_round"]), "",
-                  f"{result['max_global_accuracy']:.4f}")
+    table.add_row(
+        "best train accuracy",
+        str(result["best_round"]),
+        f"{result['local_accuracy']:.4f}",
+        f"{result['global_accuracy']:.4f}",
+    )
+    table.add_row(
+        "last round",
+        str(result["final_round"]),
+        f"{result['final_local_accuracy']:.4f}",
+        f"{result['final_global_accuracy']:.4f}",
+    )
+    table.add_row(
+        "best global (optimistic)",
+        str(result["max_global_round"]),
+        "",
+        f"{result['max_global_accuracy']:.4f}",
+    )
     console.print(table)
     by_concept = ", ".join(f"{k} {v:.3f}" for k, v in result["global_accuracy_by_concept"].items())
     console.print(f"global accuracy by concept (best round): {by_concept}")

@@ -20,22 +20,27 @@ def partition(
     ] = None,
     data_root: Annotated[
         Path | None,
-        typer.Option(help="Folder with the dataset's raw files; then Debian's "
-                     "/usr/share/datasets/fashion-mnist, then a torchvision download."),
+        typer.Option(
+            help="Folder with the dataset's raw files; then Debian's "
+            "/usr/share/datasets/fashion-mnist, then a torchvision download."
+        ),
     ] = None,
     clients: Annotated[int | None, typer.Option(help="Participating clients.")] = None,
     samples_per_client: Annotated[
         int | None,
-        typer.Option(help="Samples per client (train + test); default: the training set "
-                     "divided evenly."),
+        typer.Option(
+            help="Samples per client (train + test); default: the training set divided evenly."
+        ),
     ] = None,
     alpha: Annotated[
         float | None, typer.Option(help="Concentration of the sequential Dirichlet label split.")
     ] = None,
     client_mix: Annotated[
         str | None,
-        typer.Option(help="Client types: 'paper' (30/20/25/25, appendix H.8) or 'reference' "
-                     "(the authors' data scripts)."),
+        typer.Option(
+            help="Client types: 'paper' (30/20/25/25, appendix H.8) or 'reference' "
+            "(the authors' data scripts)."
+        ),
     ] = None,
     styles: Annotated[
         str | None, typer.Option(help="Comma-separated corruptions to draw from (default: all).")
@@ -45,8 +50,10 @@ def partition(
     ] = None,
     holdout_samples: Annotated[
         int | None,
-        typer.Option(help="Samples per non-participating client (class-balanced, from the test "
-                     "set); default: the whole test set."),
+        typer.Option(
+            help="Samples per non-participating client (class-balanced, from the test "
+            "set); default: the whole test set."
+        ),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed: same seed, same bytes.")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder.")] = None,
@@ -55,11 +62,19 @@ def partition(
     """Split a dataset into clients with label, feature and concept shift (FedRC benchmark)."""
     with user_errors():
         config = load_config(
-            PartitionConfig, params, dataset=dataset,
-            data_root=str(data_root) if data_root else None, clients=clients,
-            samples_per_client=samples_per_client, alpha=alpha, client_mix=client_mix,
-            styles=split_list(styles), test_fraction=test_fraction,
-            holdout_samples=holdout_samples, seed=seed, out=str(out) if out else None,
+            PartitionConfig,
+            params,
+            dataset=dataset,
+            data_root=str(data_root) if data_root else None,
+            clients=clients,
+            samples_per_client=samples_per_client,
+            alpha=alpha,
+            client_mix=client_mix,
+            styles=split_list(styles),
+            test_fraction=test_fraction,
+            holdout_samples=holdout_samples,
+            seed=seed,
+            out=str(out) if out else None,
         )
         with console.status(f"Partitioning {config.dataset} into {config.clients} clients…"):
             manifest = partition_stage(config)
@@ -83,8 +98,10 @@ def summary_table(manifest: dict[str, Any]) -> Table:
     for (participating, concept, corrupted), count in sorted(groups.items(), reverse=True):
         s = sizes[(participating, concept, corrupted)]
         table.add_row(
-            "participating" if participating else "held-out", concept,
-            "yes" if corrupted else "no", str(count),
+            "participating" if participating else "held-out",
+            concept,
+            "yes" if corrupted else "no",
+            str(count),
             str(s[0]) if min(s) == max(s) else f"{min(s)}–{max(s)}",
         )
     return table

@@ -23,8 +23,10 @@ from pipeline.stages import train_stage
 def describe(row: dict[str, Any]) -> str:
     text = f"loss {row['train_loss']:.3f}"
     if "train_accuracy" in row:
-        text += (f"  train {row['train_accuracy']:.3f}  local {row['local_accuracy']:.3f}"
-                 f"  global {row['global_accuracy']:.3f}")
+        text += (
+            f"  train {row['train_accuracy']:.3f}  local {row['local_accuracy']:.3f}"
+            f"  global {row['global_accuracy']:.3f}"
+        )
     return text + f"  ({row['seconds']:.1f}s)"
 
 
@@ -60,23 +62,34 @@ def train(
     """Train FedAvg, FedEM or FedRC; writes metrics, ω assignments and checkpoints."""
     with user_errors():
         config = load_config(
-            TrainConfig, params, data=str(data) if data else None, algorithm=algorithm,
-            clusters=clusters, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
-            lr=lr, momentum=momentum, weight_decay=weight_decay, participation=participation,
-            eval_every=eval_every, seed=seed, device=device, out=str(out) if out else None,
+            TrainConfig,
+            params,
+            data=str(data) if data else None,
+            algorithm=algorithm,
+            clusters=clusters,
+            rounds=rounds,
+            local_epochs=local_epochs,
+            batch_size=batch_size,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            participation=participation,
+            eval_every=eval_every,
+            seed=seed,
+            device=device,
+            out=str(out) if out else None,
         )
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         done: dict[str, Any] = {"round": None}
-        console.print(
-            f"Training [bold]{config.algorithm}[/] (K={config.num_models}) on {config.data} "
-            f"for {config.rounds} rounds → {config.out}"
-        )
         try:
             if is_terminal():
                 run_with_progress(config, resume, overwrite, done)
             else:
+
                 def log(row: dict[str, Any]) -> None:
+                    if done["round"] is None:
+                        print(f"{config.algorithm} (K={config.num_models}) → {config.out}")
                     done["round"] = row["round"]
                     print(f"round {row['round']}/{config.rounds}  {describe(row)}", flush=True)
 
@@ -92,11 +105,16 @@ def train(
 
 def run_with_progress(config: TrainConfig, resume: bool, overwrite: bool, done: dict) -> None:
     columns = (
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[latest]}"),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[latest]}"),
     )
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task(config.algorithm, total=config.rounds, latest="")
+        name = f"{config.algorithm} K={config.num_models}"
+        task = progress.add_task(name, total=config.rounds, latest="")
 
         def update(row: dict[str, Any]) -> None:
             done["round"] = row["round"]

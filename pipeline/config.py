@@ -11,7 +11,7 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -93,20 +93,25 @@ class TrainConfig:
 
     def validate(self) -> None:
         t = "train"
-        _require(self.algorithm in ALGORITHMS, f"{t}.algorithm", f"one of {ALGORITHMS}",
-                 self.algorithm)
+        _require(
+            self.algorithm in ALGORITHMS, f"{t}.algorithm", f"one of {ALGORITHMS}", self.algorithm
+        )
         _require(self.clusters >= 1, f"{t}.clusters", "an integer >= 1", self.clusters)
         _require(self.rounds >= 1, f"{t}.rounds", "an integer >= 1", self.rounds)
-        _require(self.local_epochs >= 1, f"{t}.local_epochs", "an integer >= 1",
-                 self.local_epochs)
+        _require(self.local_epochs >= 1, f"{t}.local_epochs", "an integer >= 1", self.local_epochs)
         _require(self.batch_size >= 1, f"{t}.batch_size", "an integer >= 1", self.batch_size)
         _require(math.isfinite(self.lr) and self.lr > 0, f"{t}.lr", "a number > 0", self.lr)
         _require(0 <= self.momentum < 1, f"{t}.momentum", "a number in [0, 1)", self.momentum)
         _require(self.weight_decay >= 0, f"{t}.weight_decay", "a number >= 0", self.weight_decay)
-        _require(0 < self.participation <= 1, f"{t}.participation", "a number in (0, 1]",
-                 self.participation)
-        _require(0 < self.label_floor < 1, f"{t}.label_floor", "a number in (0, 1)",
-                 self.label_floor)
+        _require(
+            0 < self.participation <= 1,
+            f"{t}.participation",
+            "a number in (0, 1]",
+            self.participation,
+        )
+        _require(
+            0 < self.label_floor < 1, f"{t}.label_floor", "a number in (0, 1)", self.label_floor
+        )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
 
@@ -115,7 +120,7 @@ class TrainConfig:
         return 1 if self.algorithm == "fedavg" else self.clusters
 
     def identity(self) -> dict[str, Any]:
-        """The fields a checkpoint must match to be resumed (everything that changes the numbers)."""
+        """The fields a checkpoint must match to be resumed: all that changes the numbers."""
         d = dataclasses.asdict(self)
         for k in ("rounds", "device", "out", "data"):
             d.pop(k)
@@ -221,21 +226,3 @@ def build_config(
 
 def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
-
-
-def field_default(cls: type, name: str) -> Any:
-    return {f.name: f for f in dataclasses.fields(cls)}[name].default
-
-
-__all__ = [
-    "ALGORITHMS",
-    "DATASETS",
-    "EvalConfig",
-    "PartitionConfig",
-    "PlotConfig",
-    "TrainConfig",
-    "build_config",
-    "config_dict",
-    "field",
-    "read_params",
-]

@@ -57,9 +57,7 @@ def summarize(data: FederatedData, scores: list[dict[str, float]]) -> dict[str, 
     """Client-averaged train / local / global accuracy and the global accuracy per concept."""
     part, held = data.participating, data.held_out
     concepts = data.manifest["concepts"]
-    by_concept = {
-        concepts[data.clients[h]["concept"]]: scores[h]["test"] for h in held
-    }
+    by_concept = {concepts[data.clients[h]["concept"]]: scores[h]["test"] for h in held}
     return {
         "train_accuracy": float(np.mean([scores[i]["train"] for i in part])),
         "local_accuracy": float(np.mean([scores[i]["test"] for i in part])),
@@ -91,9 +89,7 @@ def evaluate_round(
     return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, losses
 
 
-def concept_purity(
-    omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray
-) -> float | None:
+def concept_purity(omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray) -> float | None:
     """Share of the ω-mass that falls in each concept's own cluster, clusters matched 1:1.
 
     mass[c, k] = Σ_{i in concept c} N_i ω_{i;k}; concepts are matched to distinct clusters to

@@ -36,6 +36,9 @@ def atomic_file(target: Path) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
     try:
         yield tmp
         os.replace(tmp, target)

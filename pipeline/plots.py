@@ -9,12 +9,12 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.io import atomic_dir  # noqa: E402
+from pipeline.io import atomic_dir
 
 
 def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
@@ -64,8 +64,15 @@ def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> None:
     ax.set_yticks(range(len(rows)), rows)
     if matrix.size <= 200:
         for (i, j), v in np.ndenumerate(matrix):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if v > 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if v > 0.6 else "black",
+            )
 
 
 def draw_cluster_map(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int):
@@ -81,8 +88,11 @@ def draw_cluster_map(path: Path, omega: np.ndarray, manifest: dict, round_: int,
 def draw_accuracy(path: Path, metrics: list[dict[str, Any]], dpi: int) -> None:
     rows = [r for r in metrics if "train_accuracy" in r]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
-    for key, label in (("train_accuracy", "train"), ("local_accuracy", "local (participating)"),
-                       ("global_accuracy", "global (held-out)")):
+    for key, label in (
+        ("train_accuracy", "train"),
+        ("local_accuracy", "local (participating)"),
+        ("global_accuracy", "global (held-out)"),
+    ):
         ax.plot([r["round"] for r in rows], [r[key] for r in rows], marker=".", label=label)
     ax.set(xlabel="round", ylabel="accuracy", ylim=(0, 1), title="Accuracy over rounds")
     ax.grid(alpha=0.3)
@@ -93,15 +103,18 @@ def draw_accuracy(path: Path, metrics: list[dict[str, Any]], dpi: int) -> None:
 
 def draw_omega(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int) -> None:
     clients = manifest["clients"]
-    order = sorted(range(len(clients)),
-                   key=lambda i: (not clients[i]["participating"], clients[i]["concept"], i))
+    order = sorted(
+        range(len(clients)),
+        key=lambda i: (not clients[i]["participating"], clients[i]["concept"], i),
+    )
     labels = [
         f"{'held-out ' if not clients[i]['participating'] else ''}"
         f"{manifest['concepts'][clients[i]['concept']]}"
         for i in order
     ]
-    fig, ax = plt.subplots(figsize=(3 + omega.shape[1], 2 + 0.05 * len(order)),
-                           constrained_layout=True)
+    fig, ax = plt.subplots(
+        figsize=(3 + omega.shape[1], 2 + 0.05 * len(order)), constrained_layout=True
+    )
     ax.imshow(omega[order], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     changes = [j for j in range(1, len(order)) if labels[j] != labels[j - 1]]
     for j in changes:

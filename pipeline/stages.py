@@ -74,8 +74,14 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     device = resolve_device("auto")
     shape = tuple(data.manifest["image_shape"])
     executor = SequentialExecutor(
-        build_model(shape, data.num_classes), device, lr=1.0, momentum=0.0, weight_decay=0.0,
-        batch_size=1, local_epochs=1, drop_last=False,
+        build_model(shape, data.num_classes),
+        device,
+        lr=1.0,
+        momentum=0.0,
+        weight_decay=0.0,
+        batch_size=1,
+        local_epochs=1,
+        drop_last=False,
     )
     data = data.to(device)
     logits = all_logits(executor, final["models"].to(device), data)
@@ -98,9 +104,12 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
     }
     clients = [
-        {**{k: c[k] for k in ("client_id", "participating", "concept", "style", "severity")},
-         "train_accuracy": s["train"], "test_accuracy": s["test"],
-         "omega": [round(float(w), 6) for w in omega[i]]}
+        {
+            **{k: c[k] for k in ("client_id", "participating", "concept", "style", "severity")},
+            "train_accuracy": s["train"],
+            "test_accuracy": s["test"],
+            "omega": [round(float(w), 6) for w in omega[i]],
+        }
         for i, (c, s) in enumerate(zip(data.clients, scores))
     ]
     write_json(run / "eval.json", result)

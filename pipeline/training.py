@@ -50,8 +50,9 @@ def initial_models(executor: SequentialExecutor, data: FederatedData, config: Tr
     """K independently initialised models, seeded: rows of a (K, P) tensor."""
     torch.manual_seed(config.seed)
     shape = tuple(data.manifest["image_shape"])
-    rows = [build_model(shape, data.num_classes).to(executor.device) for _ in
-            range(config.num_models)]
+    rows = [
+        build_model(shape, data.num_classes).to(executor.device) for _ in range(config.num_models)
+    ]
     return torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in rows])
 
 
@@ -71,10 +72,8 @@ def train_round(
     for client in sampled:
         rows = data.train_slices[client]
         x, y = data.images[rows], data.labels[rows]
-        if cached_losses is not None:  # the evaluation just ran these models on these samples
-            losses = cached_losses[rows]
-        else:
-            losses = executor.losses(models, x, y)
+        # After an evaluation round the losses of these models on these samples are known.
+        losses = executor.losses(models, x, y) if cached_losses is None else cached_losses[rows]
         gamma = algorithm.assign(client, losses, y)  # E-step (eq. 3 / Alg. 1 line 5)
         weights = algorithm.aggregation_weights(client, y.numel()).to(models.device)
         for k in range(models.shape[0]):  # local M-step, model by model
@@ -125,9 +124,14 @@ def run_training(
 
     shape = tuple(data.manifest["image_shape"])
     executor = SequentialExecutor(
-        build_model(shape, data.num_classes), device, lr=config.lr, momentum=config.momentum,
-        weight_decay=config.weight_decay, batch_size=config.batch_size,
-        local_epochs=config.local_epochs, drop_last=config.drop_last,
+        build_model(shape, data.num_classes),
+        device,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        local_epochs=config.local_epochs,
+        drop_last=config.drop_last,
     )
     algorithm = build_algorithm(config, len(data.clients), data.num_classes)
     models = initial_models(executor, data, config)
@@ -164,8 +168,11 @@ def run_training(
         rf.save_state(
             out / rf.CHECKPOINT,
             {
-                "identity": identity, "round": round_, "models": models.cpu(),
-                "algorithm": algorithm.state_dict(), "eval_rounds": eval_rounds,
+                "identity": identity,
+                "round": round_,
+                "models": models.cpu(),
+                "algorithm": algorithm.state_dict(),
+                "eval_rounds": eval_rounds,
                 "omega_history": history,
                 "cached_losses": None if cached is None else cached.cpu(),
             },
@@ -176,8 +183,11 @@ def run_training(
     rf.save_state(
         out / rf.MODEL,
         {
-            "identity": identity, "round": config.rounds, "algorithm_name": config.algorithm,
-            "models": models.cpu(), "omega": omega_table(algorithm, len(data.clients)),
+            "identity": identity,
+            "round": config.rounds,
+            "algorithm_name": config.algorithm,
+            "models": models.cpu(),
+            "omega": omega_table(algorithm, len(data.clients)),
         },
     )
     return out

@@ -1,6 +1,7 @@
 """FedEM (Marfoq et al., 2021): clients are mixtures of K models, fitted by EM.
 
-E-step (log space): γ_{ij;k} = softmax_k(log ω_{i;k} − f(x_ij, y_ij; θ_k)), ω_{i;k} = mean_j γ_{ij;k}.
+E-step (log space): γ_{ij;k} = softmax_k(log ω_{i;k} − f(x_ij, y_ij; θ_k));
+ω_{i;k} = mean_j γ_{ij;k}.
 M-step: model k trains locally with per-sample weights γ_{ij;k}; the server averages every model
 over the sampled clients with weights N_i. Prediction: p(y|x) = Σ_k ω_{i;k} softmax(m_k(x)).
 """

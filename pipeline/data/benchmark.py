@@ -32,7 +32,11 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
     ).spawn(5)
     per_client = config.samples_per_client or raw.train_labels.size // config.clients
     indices = sequential_dirichlet_split(
-        raw.train_labels, raw.num_classes, config.clients, per_client, config.alpha,
+        raw.train_labels,
+        raw.num_classes,
+        config.clients,
+        per_client,
+        config.alpha,
         np.random.default_rng(split_seq),
     )
     concept, corrupted = client_types(
@@ -54,14 +58,22 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
         true = raw.train_labels[idx]
         clients.append(
             ClientData(
-                i, True, int(concept[i]), style, severity, images, true,
+                i,
+                True,
+                int(concept[i]),
+                style,
+                severity,
+                images,
+                true,
                 apply_concept(true, int(concept[i]), raw.num_classes),
                 train_test_split(idx.size, config.test_fraction, rng),
             )
         )
 
     holdout = balanced_subset(
-        raw.test_labels, raw.num_classes, config.holdout_samples,
+        raw.test_labels,
+        raw.num_classes,
+        config.holdout_samples,
         np.random.default_rng(holdout_seq),
     )
     for c in range(len(CONCEPT_NAMES)):
@@ -70,7 +82,13 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
         true = raw.test_labels[holdout]
         clients.append(
             ClientData(
-                client_id, False, c, "none", 0, raw.test_images[holdout], true,
+                client_id,
+                False,
+                c,
+                "none",
+                0,
+                raw.test_images[holdout],
+                true,
                 apply_concept(true, c, raw.num_classes),
                 train_test_split(holdout.size, config.test_fraction, rng),
             )
@@ -78,9 +96,7 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
     return clients
 
 
-def build_manifest(
-    config: PartitionConfig, raw: RawDataset, clients: list[ClientData]
-) -> dict:
+def build_manifest(config: PartitionConfig, raw: RawDataset, clients: list[ClientData]) -> dict:
     return {
         "dataset": raw.name,
         "source": raw.source,

@@ -173,8 +173,13 @@ class FederatedData:
 
     def to(self, device: torch.device) -> FederatedData:
         return FederatedData(
-            self.images.to(device), self.labels.to(device), self.train_slices, self.test_slices,
-            self.manifest, self.distinct.to(device), self.inverse.to(device),
+            self.images.to(device),
+            self.labels.to(device),
+            self.train_slices,
+            self.test_slices,
+            self.manifest,
+            self.distinct.to(device),
+            self.inverse.to(device),
         )
 
 
@@ -190,9 +195,7 @@ def load_federated(folder: Path) -> FederatedData:
         path = folder / SHARDS / shard_name(position)
         table = read_client_table(path)
         expected = entry["train_size"] + entry["test_size"]
-        if table.num_rows != expected or table.schema.field("image").type != pa.binary(
-            image_bytes
-        ):
+        if table.num_rows != expected or table.schema.field("image").type != pa.binary(image_bytes):
             raise FedrcError(
                 f"{path}: shard does not match the manifest ({table.num_rows} rows, "
                 f"expected {expected} images of {image_bytes} bytes)"
@@ -209,7 +212,8 @@ def load_federated(folder: Path) -> FederatedData:
     pixels = np.concatenate(images)
     rows = np.ascontiguousarray(pixels.reshape(len(pixels), -1))
     _, distinct, inverse = np.unique(
-        rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_index=True,
+        rows.view(np.dtype((np.void, rows.shape[1]))).ravel(),
+        return_index=True,
         return_inverse=True,
     )
     return FederatedData(

@@ -84,16 +84,26 @@ def _largest_remainder(n: int, shares: list[float]) -> np.ndarray:
 # (concept, corrupted, share of clients). "paper": appendix H.8's text; "reference": the
 # authors' data scripts, which produced the paper's tables (NOTES §4).
 CLIENT_MIXES: dict[str, list[tuple[int, bool, float]]] = {
-    "paper": [(0, False, 0.30), (0, True, 0.20), (1, False, 0.20), (1, True, 0.05),
-              (2, False, 0.20), (2, True, 0.05)],
-    "reference": [(0, True, 0.20), (1, False, 0.20), (2, False, 0.20), (1, True, 0.10),
-                  (2, True, 0.10), (0, False, 0.20)],
+    "paper": [
+        (0, False, 0.30),
+        (0, True, 0.20),
+        (1, False, 0.20),
+        (1, True, 0.05),
+        (2, False, 0.20),
+        (2, True, 0.05),
+    ],
+    "reference": [
+        (0, True, 0.20),
+        (1, False, 0.20),
+        (2, False, 0.20),
+        (1, True, 0.10),
+        (2, True, 0.10),
+        (0, False, 0.20),
+    ],
 }
 
 
-def client_types(
-    clients: int, mix: str, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def client_types(clients: int, mix: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Concept (int) and corrupted (bool) per client, the groups spread over a shuffled list."""
     groups = CLIENT_MIXES[mix]
     counts = _largest_remainder(clients, [share for _, _, share in groups])
@@ -118,7 +128,5 @@ def balanced_subset(
     if size is None or size >= labels.size:
         return np.arange(labels.size)
     per_class = _largest_remainder(size, [1.0] * num_classes)
-    picks = [
-        rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in enumerate(per_class)
-    ]
+    picks = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in enumerate(per_class)]
     return np.sort(np.concatenate(picks))

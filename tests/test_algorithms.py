@@ -1,0 +1,91 @@
+"""Update rules on tiny hand-checked cases (Prepare / Execute / Assert)."""
+
+import math
+
+import pytest
+import torch
+
+from pipeline.algorithms import REGISTRY
+from pipeline.config import TrainConfig
+
+
+def make(name: str, clients: int = 3, k: int = 2, classes: int = 3, **kw):
+    config = TrainConfig(algorithm=name, clusters=k, **kw)
+    return REGISTRY[name](config.num_models, clients, classes, config)
+
+
+def test_fedem_e_step_matches_hand_computation() -> None:
+    algo = make("fedem")
+    losses = torch.tensor([[1.0, 2.0], [3.0, 1.0]])
+    gamma = algo.assign(0, losses, torch.tensor([0, 1]))
+    # ω = (½, ½): γ_j ∝ exp(−f_j): row 0 → (e⁻¹, e⁻²)/Σ, row 1 → (e⁻³, e⁻¹)/Σ
+    g0 = math.exp(-1) / (math.exp(-1) + math.exp(-2))
+    g1 = math.exp(-3) / (math.exp(-3) + math.exp(-1))
+    torch.testing.assert_close(gamma, torch.tensor([[g0, 1 - g0], [g1, 1 - g1]]))
+    torch.testing.assert_close(
+        algo.omega[0], torch.tensor([(g0 + g1) / 2, 1 - (g0 + g1) / 2], dtype=torch.float64)
+    )
+    # the next E-step starts from the new ω: with equal losses, γ = ω
+    omega = algo.omega[0].clone()
+    gamma2 = algo.assign(0, torch.zeros(1, 2), torch.tensor([0]))
+    torch.testing.assert_close(gamma2[0].double(), omega)
+
+
+def test_e_step_is_stable_for_huge_losses() -> None:
+    algo = make("fedem")
+    gamma = algo.assign(0, torch.tensor([[1000.0, 1001.0]]), torch.tensor([0]))
+    assert torch.isfinite(gamma).all()
+    assert gamma[0, 0] == pytest.approx(1 / (1 + math.exp(-1)))
+
+
+def test_fedrc_first_round_is_fedem_then_label_prior_with_lag() -> None:
+    rc, em = make("fedrc"), make("fedem")
+    losses = torch.tensor([[1.0, 1.5], [0.5, 0.2], [2.0, 0.1]])
+    labels = torch.tensor([0, 0, 2])
+    gamma = rc.assign(0, losses, labels)
+    torch.testing.assert_close(gamma, em.assign(0, losses, labels))  # C uniform: no effect
+    # label table S_0[k, y] = Σ_{j: y_j = y} γ_jk (raw sums)
+    expected = torch.zeros(2, 3, dtype=torch.float64)
+    for j, y in enumerate(labels.tolist()):
+        expected[:, y] += gamma[j].double()
+    torch.testing.assert_close(rc.tables[0], expected)
+    # C_{y,k} changes only at end_round (one-round lag): floor, then normalise over y
+    assert torch.equal(rc.prior, torch.full((2, 3), 1 / 3, dtype=torch.float64))
+    rc.end_round()
+    floored = expected.clamp(min=1e-8)
+    torch.testing.assert_close(rc.prior, floored / floored.sum(1, keepdim=True))
+
+
+def test_fedrc_e_step_divides_by_label_prior() -> None:
+    rc = make("fedrc")
+    rc.prior = torch.tensor([[0.8, 0.1, 0.1], [0.2, 0.4, 0.4]], dtype=torch.float64)
+    gamma = rc.assign(1, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
+    # equal losses and ω: γ ∝ 1 / C_{y,k} = (1/0.8, 1/0.2) → (0.2, 0.8)
+    torch.testing.assert_close(gamma, torch.tensor([[0.2, 0.8]]))
+
+
+def test_fedrc_held_out_switch() -> None:
+    rc = make("fedrc", heldout_label_prior=False)
+    rc.prior = torch.tensor([[0.8, 0.1, 0.1], [0.2, 0.4, 0.4]], dtype=torch.float64)
+    rc.assign_held_out(2, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
+    torch.testing.assert_close(rc.omega[2], torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert rc.tables[2].sum() == 0  # held-out clients send no label tables
+
+
+def test_aggregation_is_sample_weighted_and_keeps_untrained_models() -> None:
+    algo = make("fedem")
+    models = torch.tensor([[1.0, 1.0], [5.0, 5.0]])
+    a, b = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([[4.0, 3.0], [0.0, 0.0]])
+    wa, wb = algo.aggregation_weights(0, 10), algo.aggregation_weights(1, 30)
+    sums = wa[:, None] * a.double() + wb[:, None] * b.double()
+    totals = wa + wb
+    totals[1] = 0  # pretend no client trained model 1
+    new = algo.aggregate(models, sums, totals)
+    torch.testing.assert_close(new[0], torch.tensor([3.5, 2.25]))  # (10·a + 30·b) / 40
+    torch.testing.assert_close(new[1], models[1])
+
+
+def test_fedavg_single_model_weight_one() -> None:
+    algo = make("fedavg", k=3)
+    assert algo.num_models == 1
+    assert algo.assign(0, torch.rand(4, 1), torch.zeros(4, dtype=torch.long)).eq(1).all()

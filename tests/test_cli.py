@@ -1,0 +1,205 @@
+"""The CLI end to end on the synthetic dataset, its help, and its one-line errors."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from fedrc_cli.app import app
+
+runner = CliRunner()
+TINY = [
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "12",
+    "--samples-per-client",
+    "60",
+    "--holdout-samples",
+    "200",
+]
+FAST = [
+    "--rounds",
+    "2",
+    "--local-epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--clusters",
+    "2",
+    "--lr",
+    "0.05",
+    "--device",
+    "cpu",
+]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: defaults + options only
+
+
+@pytest.mark.parametrize("command", ["partition", "train", "eval", "plot"])
+def test_help(command: str) -> None:
+    result = invoke(command, "--help")
+    assert result.exit_code == 0 and "--params" in result.output
+
+
+def test_top_level_help_lists_commands() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert all(c in result.output for c in ("partition", "train", "eval", "plot"))
+
+
+def assert_one_line_error(result, culprit: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Error" in lines[0] and culprit in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "culprit"),
+    [
+        (["partition", "--dataset", "imagenet"], "partition.dataset"),
+        (["partition", *TINY, "--alpha", "0"], "partition.alpha"),
+        (["partition", *TINY, "--alpha", "-2"], "partition.alpha"),
+        (
+            [
+                "partition",
+                "--dataset",
+                "synthetic",
+                "--clients",
+                "500",
+                "--samples-per-client",
+                "50",
+            ],
+            "--clients",
+        ),
+        (["partition", *TINY, "--styles", "fog"], "partition.styles"),
+        (["partition", *TINY, "--params", "missing.yaml"], "--params"),
+        (["train", "--data", "nowhere"], "manifest.json"),
+        (["train", "--algorithm", "fedfoo"], "train.algorithm"),
+        (["train", "--participation", "1.5"], "train.participation"),
+        (["eval", "--run", "nowhere"], "config.json"),
+        (["plot", "--run", "nowhere"], "config.json"),
+        (["plot", "--dpi", "1"], "plot.dpi"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(args: list[str], culprit: str) -> None:
+    before = set(Path().rglob("*"))
+    assert_one_line_error(invoke(*args), culprit)
+    assert set(Path().rglob("*")) == before
+
+
+def test_corrupt_and_missing_shards_are_named() -> None:
+    assert invoke("partition", *TINY, "--out", "d").exit_code == 0
+    shard = Path("d/shards/client-00003.parquet")
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert_one_line_error(
+        invoke("train", "--data", "d", *FAST, "--out", "r"), "client-00003.parquet"
+    )
+    shard.unlink()
+    assert_one_line_error(invoke("train", "--data", "d", *FAST, "--out", "r"), "shard missing")
+    assert not Path("r/model.pt").exists()
+
+
+def test_pipeline_through_the_cli_and_resume() -> None:
+    assert invoke("partition", *TINY, "--out", "d").exit_code == 0
+    full = invoke(
+        "train", "--data", "d", "--algorithm", "fedrc", *FAST, "--rounds", "3", "--out", "full"
+    )
+    assert full.exit_code == 0, full.output
+    assert "round 3/3" in full.output  # plain lines when not on a terminal
+
+    # a run stopped after 2 rounds and resumed to 3 ends exactly where the full run did
+    assert (
+        invoke("train", "--data", "d", "--algorithm", "fedrc", *FAST, "--out", "part").exit_code
+        == 0
+    )
+    again = invoke("train", "--data", "d", "--algorithm", "fedrc", *FAST, "--out", "part")
+    assert_one_line_error(again, "--resume")
+    resumed = invoke(
+        "train",
+        "--data",
+        "d",
+        "--algorithm",
+        "fedrc",
+        *FAST,
+        "--rounds",
+        "3",
+        "--out",
+        "part",
+        "--resume",
+    )
+    assert resumed.exit_code == 0, resumed.output
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    read = lambda p: [json.loads(x) for x in Path(p).read_text().splitlines()]  # noqa: E731
+    assert strip(read("part/metrics.jsonl")) == strip(read("full/metrics.jsonl"))
+    other = invoke(
+        "train",
+        "--data",
+        "d",
+        "--algorithm",
+        "fedrc",
+        *FAST,
+        "--rounds",
+        "3",
+        "--lr",
+        "0.01",
+        "--out",
+        "part",
+        "--resume",
+    )
+    assert_one_line_error(other, "another configuration")
+
+    result = invoke("eval", "--run", "full")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(Path("full/eval.json").read_text())
+    for key in (
+        "best_round",
+        "local_accuracy",
+        "global_accuracy",
+        "final_local_accuracy",
+        "final_global_accuracy",
+        "max_global_accuracy",
+        "concept_purity",
+        "global_accuracy_by_concept",
+    ):
+        assert key in metrics
+    last = read("full/metrics.jsonl")[-1]
+    # eval re-scores model.pt; it must agree with what training logged for the last round
+    assert metrics["final_global_accuracy"] == pytest.approx(last["global_accuracy"], abs=1e-6)
+    assert metrics["final_local_accuracy"] == pytest.approx(last["local_accuracy"], abs=1e-6)
+    assert set(metrics["global_accuracy_by_concept"]) == {"identity", "reverse", "shift"}
+    hard = invoke("eval", "--run", "full", "--hard")
+    assert hard.exit_code == 0
+    assert json.loads(Path("full/eval.json").read_text())["prediction"] == "hard"
+
+    assignments = pq.read_table("full/assignments.parquet")
+    assert {"client_id", "round", "concept", "participating", "omega_0", "omega_1"} <= set(
+        assignments.column_names
+    )
+    assert assignments.num_rows == 3 * 15  # 3 evaluated rounds × (12 + 3 held-out) clients
+
+    result = invoke("plot", "--run", "full")
+    assert result.exit_code == 0, result.output
+    for name in ("cluster_map.png", "accuracy.png", "omega.png", "accuracy.csv"):
+        assert Path("full/plots", name).stat().st_size > 0
+
+
+def test_params_file_drives_the_stage(tmp_path: Path) -> None:
+    Path("p.yaml").write_text(
+        "partition:\n  dataset: synthetic\n  clients: 9\n  samples_per_client: 40\n"
+        "  holdout_samples: 50\n  out: fromfile\n"
+    )
+    assert invoke("partition", "--params", "p.yaml", "--clients", "10").exit_code == 0
+    manifest = json.loads(Path("fromfile/manifest.json").read_text())
+    assert manifest["num_participating"] == 10
+    assert json.loads(Path("fromfile/config.json").read_text())["samples_per_client"] == 40

@@ -1,0 +1,73 @@
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pipeline.engine import SequentialExecutor
+from pipeline.evaluate import concept_purity, per_sample_losses, predictions
+
+
+def executor(**kw) -> SequentialExecutor:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    args = dict(
+        lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=4, local_epochs=1, drop_last=False
+    )
+    return SequentialExecutor(model, torch.device("cpu"), **{**args, **kw})
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (4, 1, 2, 2), generator=gen, dtype=torch.uint8)
+    return images, torch.tensor([0, 1, 2, 0])
+
+
+def test_zero_weights_do_not_move_the_model() -> None:
+    ex = executor(momentum=0.9)
+    start = ex.flatten()
+    trained, loss = ex.train(start, *data(), torch.zeros(4), seed=0)
+    assert torch.equal(trained, start) and loss == 0.0
+
+
+def test_weights_scale_the_step() -> None:
+    """One full-batch SGD step: weight 2 on every sample = learning rate × 2."""
+    ex = executor()
+    start = ex.flatten()
+    twice, _ = ex.train(start, *data(), torch.full((4,), 2.0), seed=0)
+    ex2 = executor(lr=0.2)
+    double_lr, _ = ex2.train(start, *data(), torch.ones(4), seed=0)
+    torch.testing.assert_close(twice, double_lr)
+
+
+def test_losses_are_per_sample_cross_entropy() -> None:
+    ex = executor()
+    models = torch.stack([ex.flatten(), ex.flatten() * 0])
+    images, labels = data()
+    losses = ex.losses(models, images, labels)
+    assert losses.shape == (4, 2)
+    torch.testing.assert_close(losses[:, 1], torch.full((4,), float(np.log(3))))
+    logits = ex.logits(models, images)
+    torch.testing.assert_close(per_sample_losses(logits, labels), losses)
+
+
+def test_soft_and_hard_predictions() -> None:
+    # model 0 says class 0, model 1 says class 1 (more confidently)
+    logits = torch.tensor([[[2.0, 0.0]], [[0.0, 5.0]]])
+    assert predictions(logits, torch.tensor([0.7, 0.3]), hard=True).item() == 0
+    # soft: 0.7·softmax(2,0) + 0.3·softmax(0,5) = (0.618, 0.382)... class 0
+    assert predictions(logits, torch.tensor([0.7, 0.3]), hard=False).item() == 0
+    assert predictions(logits, torch.tensor([0.4, 0.6]), hard=False).item() == 1
+
+
+def test_concept_purity() -> None:
+    sizes = np.ones(4)
+    concepts = np.array([0, 0, 1, 1])
+    separated = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=float)
+    merged = np.array([[1, 0], [1, 0], [1, 0], [1, 0]], dtype=float)
+    mixed = np.array([[0.5, 0.5]] * 4)
+    assert concept_purity(separated, concepts, sizes) == 1.0
+    assert concept_purity(merged, concepts, sizes) == 0.5  # one concept has no cluster left
+    assert concept_purity(mixed, concepts, sizes) == 0.5
+    assert concept_purity(np.ones((4, 1)), concepts, sizes) is None
+    weighted = concept_purity(merged, concepts, np.array([3.0, 3.0, 1.0, 1.0]))
+    assert weighted == pytest.approx(0.75)

@@ -1,0 +1,156 @@
+import gzip
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from pipeline.config import PartitionConfig
+from pipeline.data.shards import load_federated, read_manifest
+from pipeline.data.shifts import apply_concept, client_types, sequential_dirichlet_split
+from pipeline.data.sources import DEBIAN_FMNIST, load_fmnist, read_idx
+from pipeline.errors import FedrcError
+from pipeline.stages import partition_stage
+
+
+def test_paper_client_mix_shares() -> None:
+    concept, corrupted = client_types(300, "paper", np.random.default_rng(0))
+    groups = Counter(zip(concept.tolist(), corrupted.tolist()))
+    assert groups == {
+        (0, False): 90,
+        (0, True): 60,
+        (1, False): 60,
+        (1, True): 15,
+        (2, False): 60,
+        (2, True): 15,
+    }
+
+
+def test_reference_client_mix_shares() -> None:
+    concept, corrupted = client_types(300, "reference", np.random.default_rng(0))
+    assert Counter(concept.tolist()) == {0: 120, 1: 90, 2: 90}
+    assert corrupted.sum() == 120
+
+
+def test_concept_label_maps() -> None:
+    y = np.arange(10)
+    assert apply_concept(y, 0, 10).tolist() == y.tolist()
+    assert apply_concept(y, 1, 10).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+    assert apply_concept(y, 2, 10).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+
+
+def test_sequential_dirichlet_quotas_disjoint_and_skewed() -> None:
+    labels = np.repeat(np.arange(10), 600)
+    parts = sequential_dirichlet_split(labels, 10, 30, 200, 1.0, np.random.default_rng(0))
+    assert all(p.size == 200 for p in parts)
+    everything = np.concatenate(parts)
+    assert np.unique(everything).size == everything.size  # no sample given twice
+    classes = [np.unique(labels[p]).size for p in parts]
+    assert np.median(classes) < 7  # α = 1 spread over C classes: few classes per client
+
+
+def test_sequential_dirichlet_tiny_alpha_terminates() -> None:
+    labels = np.repeat(np.arange(10), 100)
+    parts = sequential_dirichlet_split(labels, 10, 10, 100, 1e-6, np.random.default_rng(0))
+    assert sum(p.size for p in parts) == 1000
+
+
+def test_too_many_clients_names_the_option() -> None:
+    with pytest.raises(FedrcError, match="--clients"):
+        sequential_dirichlet_split(np.zeros(100, int), 10, 20, 10, 1.0, np.random.default_rng(0))
+
+
+def test_partition_statistics(tiny_data: Path) -> None:
+    manifest = read_manifest(tiny_data)
+    clients = manifest["clients"]
+    part = [c for c in clients if c["participating"]]
+    held = [c for c in clients if not c["participating"]]
+    assert len(part) == 12 and [c["concept"] for c in held] == [0, 1, 2]
+    assert all(c["train_size"] + c["test_size"] == 60 and c["test_size"] == 6 for c in part)
+    assert all(c["style"] != "none" and 1 <= c["severity"] <= 5 for c in part if c["severity"] > 0)
+    assert all(c["style"] == "none" for c in held)
+    table = ds.dataset(tiny_data / "shards").to_table()
+    assert table.num_rows == 12 * 60 + 3 * 200
+    label = table.column("label").to_numpy()
+    true = table.column("true_label").to_numpy()
+    concept = table.column("concept").to_numpy()
+    for c in range(3):
+        mask = concept == c
+        assert (label[mask] == apply_concept(true[mask], c, 10)).all()
+    # held-out clients: class-balanced
+    held_ids = [c["client_id"] for c in held]
+    hist = np.asarray(held[0]["label_histogram"]) + np.bincount(
+        true[
+            (table.column("client_id").to_numpy() == held_ids[0])
+            & (table.column("split").to_numpy() == "test")
+        ],
+        minlength=10,
+    )
+    assert hist.min() == hist.max() == 20
+
+
+def test_same_seed_same_bytes_other_seed_differs(tmp_path: Path) -> None:
+    def digest(seed: int, name: str) -> str:
+        out = tmp_path / name
+        partition_stage(
+            PartitionConfig(
+                dataset="synthetic",
+                clients=10,
+                samples_per_client=50,
+                holdout_samples=100,
+                seed=seed,
+                out=str(out),
+            )
+        )
+        h = hashlib.sha256()
+        for f in [*sorted((out / "shards").iterdir()), out / "manifest.json"]:
+            h.update(f.read_bytes())
+        return h.hexdigest()
+
+    assert digest(3, "a") == digest(3, "b")
+    assert digest(3, "a") != digest(4, "c")
+
+
+def test_loaded_tensors_match_manifest(tiny_data: Path) -> None:
+    data = load_federated(tiny_data)
+    assert data.images.shape == (12 * 60 + 600, 1, 16, 16)
+    assert data.train_slices[0].stop - data.train_slices[0].start == 54
+    # the three held-out clients share their images: each is inferred once
+    assert data.distinct.numel() <= 12 * 60 + 200
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fmnist_from_data_root_in_torchvision_layout(tmp_path: Path) -> None:
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    _write_idx(raw / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (20, 28, 28)))
+    _write_idx(raw / "train-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    _write_idx(raw / "t10k-images-idx3-ubyte.gz", rng.integers(0, 255, (10, 28, 28)))
+    _write_idx(raw / "t10k-labels-idx1-ubyte.gz", np.arange(10))
+    data = load_fmnist(str(tmp_path))
+    assert data.train_images.shape == (20, 28, 28, 1) and data.test_labels.tolist() == list(
+        range(10)
+    )
+
+
+def test_truncated_idx_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "x-idx1-ubyte"
+    path.write_bytes(bytes([0, 0, 8, 1]) + (100).to_bytes(4, "big") + b"\x00" * 10)
+    with pytest.raises(FedrcError, match="truncated"):
+        read_idx(path)
+
+
+@pytest.mark.skipif(not DEBIAN_FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
+def test_real_fashion_mnist_from_debian() -> None:
+    data = load_fmnist(None)
+    assert data.train_images.shape == (60000, 28, 28, 1)
+    assert data.test_images.shape == (10000, 28, 28, 1)
+    assert np.bincount(data.train_labels).tolist() == [6000] * 10
