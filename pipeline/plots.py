@@ -115,7 +115,10 @@ def draw_omega(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: 
     fig, ax = plt.subplots(
         figsize=(3 + omega.shape[1], 2 + 0.05 * len(order)), constrained_layout=True
     )
-    ax.imshow(omega[order], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    image = ax.imshow(
+        omega[order], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
+    )
+    fig.colorbar(image, ax=ax, label="ω")
     changes = [j for j in range(1, len(order)) if labels[j] != labels[j - 1]]
     for j in changes:
         ax.axhline(j - 0.5, color="white", lw=1)
