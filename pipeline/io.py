@@ -11,6 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import FedrcError
+
 
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
@@ -49,3 +54,13 @@ def atomic_file(target: Path) -> Iterator[Path]:
 def write_json(path: Path, data: Any) -> None:
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_parquet(path: Path, missing: str) -> pa.Table:
+    """A Parquet table, or a one-line FedrcError naming the file; `missing` explains absence."""
+    if not path.is_file():
+        raise FedrcError(f"{path}: {missing}")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise FedrcError(f"{path}: corrupt Parquet file ({str(e).splitlines()[0]})") from None

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import FedrcError
-from pipeline.io import atomic_file
+from pipeline.io import atomic_file, read_parquet
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -100,9 +100,4 @@ def write_assignments(
 
 
 def read_assignments(path: Path) -> pa.Table:
-    if not path.is_file():
-        raise FedrcError(f"{path}: not found (did `fedrc train` finish?)")
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise FedrcError(f"{path}: corrupt Parquet file ({str(e).splitlines()[0]})") from None
+    return read_parquet(path, "not found (did `fedrc train` finish?)")

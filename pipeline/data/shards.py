@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import FedrcError
+from pipeline.io import read_parquet
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
@@ -130,15 +131,6 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_client_table(path: Path) -> pa.Table:
-    if not path.is_file():
-        raise FedrcError(f"{path}: shard missing")
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise FedrcError(f"{path}: corrupt Parquet shard ({str(e).splitlines()[0]})") from None
-
-
 @dataclass
 class FederatedData:
     """The whole federated dataset as tensors: each client's train and test rows are contiguous.
@@ -193,7 +185,7 @@ def load_federated(folder: Path) -> FederatedData:
         if entry["client_id"] != position:
             raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
         path = folder / SHARDS / shard_name(position)
-        table = read_client_table(path)
+        table = read_parquet(path, "shard missing")
         expected = entry["train_size"] + entry["test_size"]
         if table.num_rows != expected or table.schema.field("image").type != pa.binary(image_bytes):
             raise FedrcError(
