@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,25 +82,20 @@ def partition(
 
 
 def summary_table(manifest: dict[str, Any]) -> Table:
-    clients = manifest["clients"]
-    groups = Counter(
-        (c["participating"], manifest["concepts"][c["concept"]], c["style"] != "none")
-        for c in clients
-    )
+    """Clients grouped by (participating, concept, corrupted), with their sample counts."""
     sizes: dict[tuple, list[int]] = {}
-    for c in clients:
+    for c in manifest["clients"]:
         key = (c["participating"], manifest["concepts"][c["concept"]], c["style"] != "none")
         sizes.setdefault(key, []).append(c["train_size"] + c["test_size"])
-    table = Table(title=f"{manifest['dataset']}: {len(clients)} clients")
+    table = Table(title=f"{manifest['dataset']}: {len(manifest['clients'])} clients")
     for name in ("clients", "concept", "corrupted", "count", "samples each"):
         table.add_column(name)
-    for (participating, concept, corrupted), count in sorted(groups.items(), reverse=True):
-        s = sizes[(participating, concept, corrupted)]
+    for (participating, concept, corrupted), s in sorted(sizes.items(), reverse=True):
         table.add_row(
             "participating" if participating else "held-out",
             concept,
             "yes" if corrupted else "no",
-            str(count),
+            str(len(s)),
             str(s[0]) if min(s) == max(s) else f"{min(s)}–{max(s)}",
         )
     return table
