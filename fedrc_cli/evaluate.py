@@ -23,13 +23,23 @@ def evaluate(
             "ω-weighted ensemble (soft, the default).",
         ),
     ] = None,
+    finetune: Annotated[
+        bool | None,
+        typer.Option(
+            help="FedRC-FT: one γ-weighted epoch on each client before the last-round "
+            "scores (the global models stay unchanged)."
+        ),
+    ] = None,
     params: ParamsOption = None,
 ) -> None:
     """Score a run: accuracies at the best-train round and the last round → eval.json."""
     with user_errors():
-        config = load_config(EvalConfig, params, run=str(run) if run else None, hard=hard)
+        config = load_config(
+            EvalConfig, params, run=str(run) if run else None, hard=hard, finetune=finetune
+        )
         result = eval_stage(config)
-    table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction)")
+    tuned = ", fine-tuned" if result["finetune"] else ""
+    table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")
     table.add_column("")
     table.add_column("round", justify="right")
     table.add_column("local", justify="right")

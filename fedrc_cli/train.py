@@ -16,7 +16,7 @@ from rich.progress import (
 )
 
 from fedrc_cli.common import ParamsOption, console, fail, is_terminal, load_config, user_errors
-from pipeline.config import TrainConfig
+from pipeline.config import ALGORITHMS, TrainConfig
 from pipeline.stages import train_stage
 
 
@@ -32,8 +32,36 @@ def describe(row: dict[str, Any]) -> str:
 
 def train(
     data: Annotated[Path | None, typer.Option(help="Folder written by `fedrc partition`.")] = None,
-    algorithm: Annotated[str | None, typer.Option(help="fedavg, fedem or fedrc.")] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help=f"One of: {', '.join(ALGORITHMS)}.", show_default=False)
+    ] = None,
     clusters: Annotated[int | None, typer.Option(help="K, the number of models.")] = None,
+    model: Annotated[str | None, typer.Option(help="cnn, mobilenet_v2 or resnet18.")] = None,
+    pretrained: Annotated[
+        bool | None, typer.Option(help="Start from torchvision's ImageNet weights.")
+    ] = None,
+    norm: Annotated[str | None, typer.Option(help="batch or group (GroupNorm).")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="paper, or reference: the authors' code's settings.")
+    ] = None,
+    mu: Annotated[
+        float | None, typer.Option(help="Proximal μ (FedProx) / λ (FedSoft, FeSEM-CAM).")
+    ] = None,
+    max_clusters: Annotated[int | None, typer.Option(help="CFL: cap on clusters.")] = None,
+    estep: Annotated[str | None, typer.Option(help="FedRC E-step: em or adam.")] = None,
+    prune_threshold: Annotated[
+        float | None, typer.Option(help="FedRC adaptive K: drop models with mean γ < δ.")
+    ] = None,
+    hard_train: Annotated[
+        bool | None, typer.Option(help="FedRC TrHC: train only the arg-max model.")
+    ] = None,
+    table_noise: Annotated[
+        float | None, typer.Option(help="FedRC: std ξ of noise on uploaded label tables.")
+    ] = None,
+    warmup_rounds: Annotated[
+        int | None, typer.Option(help="Fed-CAM: FedAvg rounds before clustering.")
+    ] = None,
+    server_lr: Annotated[float | None, typer.Option(help="Server learning rate η_g.")] = None,
     rounds: Annotated[int | None, typer.Option(help="Communication rounds.")] = None,
     local_epochs: Annotated[int | None, typer.Option(help="Local epochs per round.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Local mini-batch size.")] = None,
@@ -59,7 +87,7 @@ def train(
     ] = False,
     params: ParamsOption = None,
 ) -> None:
-    """Train FedAvg, FedEM or FedRC; writes metrics, ω assignments and checkpoints."""
+    """Train one algorithm (FedRC or a baseline); writes metrics, ω assignments, checkpoints."""
     with user_errors():
         config = load_config(
             TrainConfig,
@@ -67,6 +95,18 @@ def train(
             data=str(data) if data else None,
             algorithm=algorithm,
             clusters=clusters,
+            model=model,
+            pretrained=pretrained,
+            norm=norm,
+            profile=profile,
+            mu=mu,
+            max_clusters=max_clusters,
+            estep=estep,
+            prune_threshold=prune_threshold,
+            hard_train=hard_train,
+            table_noise=table_noise,
+            warmup_rounds=warmup_rounds,
+            server_lr=server_lr,
             rounds=rounds,
             local_epochs=local_epochs,
             batch_size=batch_size,

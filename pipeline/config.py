@@ -21,8 +21,37 @@ from pipeline.errors import FedrcError
 
 DATASETS = ("fmnist", "synthetic")
 CLIENT_MIXES = ("paper", "reference")
-ALGORITHMS = ("fedavg", "fedem", "fedrc")
+ALGORITHMS = (
+    "fedavg",
+    "fedprox",
+    "ifca",
+    "cfl",
+    "fesem",
+    "fedem",
+    "fedsoft",
+    "fedrc",
+    "ifca-cam",
+    "fesem-cam",
+)
+SINGLE_MODEL = ("fedavg", "fedprox")
+PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # algorithms that need mu > 0
 DEVICES = ("auto", "cpu", "cuda")
+MODELS = ("cnn", "mobilenet_v2", "resnet18")
+NORMS = ("batch", "group")
+ESTEPS = ("em", "adam")
+# Where the authors' code departs from the paper (NOTES §1): `profile: reference` turns these on;
+# keys given explicitly in params.yaml or on the command line still win.
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "reference": {
+        "weight_decay": 5e-4,
+        "drop_last": True,
+        "persistent_momentum": True,
+        "heldout_label_prior": False,
+        "adam_beta1": 0.5,
+        "adam_beta2": 0.5,
+    },
+}
 
 
 def _require(ok: bool, key: str, expected: str, value: Any) -> None:
@@ -76,6 +105,10 @@ class TrainConfig:
     data: str = "data/federated"
     algorithm: str = "fedrc"
     clusters: int = 3
+    model: str = "cnn"  # cnn (the paper's FMNIST CNN), mobilenet_v2, resnet18
+    pretrained: bool = False  # torchvision's ImageNet weights for mobilenet_v2 / resnet18
+    norm: str = "batch"  # batch or group: GroupNorm in place of BatchNorm
+    profile: str = "paper"  # or reference: the authors' code where it departs from the paper
     rounds: int = 200
     local_epochs: int = 1
     batch_size: int = 128
@@ -84,8 +117,23 @@ class TrainConfig:
     weight_decay: float = 0.0
     drop_last: bool = False
     participation: float = 1.0
+    server_lr: float = 1.0  # η_g: θ ← θ + η_g (average − θ)
+    persistent_momentum: bool = False  # keep each (client, model)'s SGD momentum across rounds
+    mu: float = 0.0  # proximal coefficient: FedProx μ, FedSoft λ, FeSEM-CAM λ
+    max_clusters: int | None = None  # CFL: cap on the number of clusters (None: `clusters`)
+    cfl_eps1: float = 0.4  # CFL: split when ‖mean update‖ < ε1 ...
+    cfl_eps2: float = 1.6  # ... and max ‖update‖ > ε2
+    warmup_rounds: int = 0  # Fed-CAM: rounds of FedAvg on the global model before clustering
     label_floor: float = 1e-8  # FedRC: floor on the summed label tables before normalising
     heldout_label_prior: bool = True  # FedRC: apply C_{y,k} in held-out E-steps (paper eq. 3)
+    estep: str = "em"  # FedRC: em, or adam (FedConceptEM app. D.1)
+    adam_lr: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    adam_eps: float = 1e-8
+    prune_threshold: float | None = None  # FedRC adaptive K: remove models with mean γ < δ
+    hard_train: bool = False  # FedRC TrHC: train only the arg-max ω model
+    table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
     eval_every: int = 1
     seed: int = 0
     device: str = "auto"
@@ -114,10 +162,39 @@ class TrainConfig:
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
+        _require(self.model in MODELS, f"{t}.model", f"one of {MODELS}", self.model)
+        _require(self.norm in NORMS, f"{t}.norm", f"one of {NORMS}", self.norm)
+        _require(
+            self.profile in PROFILES, f"{t}.profile", f"one of {tuple(PROFILES)}", self.profile
+        )
+        _require(self.estep in ESTEPS, f"{t}.estep", f"one of {ESTEPS}", self.estep)
+        _require(0 < self.server_lr <= 10, f"{t}.server_lr", "a number in (0, 10]", self.server_lr)
+        _require(self.mu >= 0, f"{t}.mu", "a number >= 0", self.mu)
+        if self.algorithm in PROXIMAL:
+            _require(self.mu > 0, f"{t}.mu", f"a number > 0 for {self.algorithm}", self.mu)
+        mc = self.max_clusters
+        _require(mc is None or mc >= 1, f"{t}.max_clusters", "an integer >= 1 or null", mc)
+        _require(self.cfl_eps1 > 0, f"{t}.cfl_eps1", "a number > 0", self.cfl_eps1)
+        _require(self.cfl_eps2 > 0, f"{t}.cfl_eps2", "a number > 0", self.cfl_eps2)
+        _require(
+            self.warmup_rounds >= 0, f"{t}.warmup_rounds", "an integer >= 0", self.warmup_rounds
+        )
+        _require(self.adam_lr > 0, f"{t}.adam_lr", "a number > 0", self.adam_lr)
+        _require(0 <= self.adam_beta1 < 1, f"{t}.adam_beta1", "a number in [0, 1)", self.adam_beta1)
+        _require(0 <= self.adam_beta2 < 1, f"{t}.adam_beta2", "a number in [0, 1)", self.adam_beta2)
+        _require(self.adam_eps > 0, f"{t}.adam_eps", "a number > 0", self.adam_eps)
+        pt = self.prune_threshold
+        _require(pt is None or 0 < pt < 1, f"{t}.prune_threshold", "a number in (0, 1) or null", pt)
+        _require(self.table_noise >= 0, f"{t}.table_noise", "a number >= 0", self.table_noise)
 
     @property
     def num_models(self) -> int:
-        return 1 if self.algorithm == "fedavg" else self.clusters
+        """K, the number of predictors (CFL: the cap on its clusters)."""
+        if self.algorithm in SINGLE_MODEL:
+            return 1
+        if self.algorithm == "cfl" and self.max_clusters is not None:
+            return self.max_clusters
+        return self.clusters
 
     def identity(self) -> dict[str, Any]:
         """The fields a checkpoint must match to be resumed: all that changes the numbers."""
@@ -133,6 +210,7 @@ class EvalConfig:
 
     run: str = "runs/fedrc"
     hard: bool = False  # predict with the arg-max model instead of the ω-weighted ensemble
+    finetune: bool = False  # FedRC-FT: one γ-weighted epoch on each client before scoring
 
     def validate(self) -> None:
         pass
@@ -219,6 +297,10 @@ def build_config(
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value
+    profile = values.get("profile")
+    if cls is TrainConfig and profile is not None:
+        _require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
+        values = {**PROFILES[profile], **values}
     config = cls(**values)
     config.validate()
     return config

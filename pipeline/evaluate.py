@@ -7,6 +7,7 @@ clients, one per concept, each after fitting its ω on its labelled part.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,22 @@ from pipeline.engine import SequentialExecutor
 def all_logits(
     executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
 ) -> torch.Tensor:
-    """(K, N, classes) logits for every row; each distinct image goes through a model once."""
+    """(R, N, classes) logits for every row; each distinct image goes through a model once."""
     return executor.logits(models, data.images[data.distinct])[:, data.inverse]
+
+
+def personal_logits(
+    algorithm: Algorithm, executor: SequentialExecutor, data: FederatedData
+) -> dict[int, torch.Tensor]:
+    """(1, N_i, classes) logits of each client's own model on its rows, where it has one
+    (FedSoft's personal models)."""
+    out = {}
+    for client in range(len(data.clients)):
+        own = algorithm.personal_model(client)
+        if own is not None:
+            rows = slice(data.train_slices[client].start, data.test_slices[client].stop)
+            out[client] = executor.logits(own[None].to(data.images.device), data.images[rows])
+    return out
 
 
 def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -40,14 +55,24 @@ def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.
 
 
 def score_clients(
-    logits: torch.Tensor, data: FederatedData, omega: torch.Tensor, hard: bool
+    logits: torch.Tensor,
+    data: FederatedData,
+    omega: torch.Tensor,
+    hard: bool,
+    personal: dict[int, torch.Tensor] | None = None,
 ) -> list[dict[str, float]]:
-    """Train and test accuracy of every client, predicting with its row of ω."""
+    """Train and test accuracy of every client, predicting with its row of ω (or its own model)."""
     scores = []
     for client, (train, test) in enumerate(zip(data.train_slices, data.test_slices)):
         row = {}
+        own = (personal or {}).get(client)
         for split, rows in (("train", train), ("test", test)):
-            pred = predictions(logits[:, rows], omega[client], hard)
+            if own is not None:
+                local = slice(rows.start - train.start, rows.stop - train.start)
+                weights = omega[client] if own.shape[0] == omega.shape[1] else torch.ones(1)
+                pred = predictions(own[:, local], weights, hard)
+            else:
+                pred = predictions(logits[:, rows], omega[client], hard)
             row[split] = float((pred == data.labels[rows]).float().mean())
         scores.append(row)
     return scores
@@ -75,18 +100,20 @@ def evaluate_round(
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Held-out E-steps, then soft and hard accuracies of every client.
 
-    Also returns the per-sample losses (N, K) of every row under `models`: the participating
-    clients' training rows are exactly what the next round's E-step needs.
+    Also returns the raw logits (R, N, classes) of every model row on every sample: the
+    participating clients' training rows are exactly what the next round's E-step needs.
     """
-    logits = all_logits(executor, models, data)
-    losses = per_sample_losses(logits, data.labels)
+    raw = all_logits(executor, models, data)
+    logits = algorithm.combine_logits(raw)
     for h in data.held_out:
         rows = data.train_slices[h]
-        algorithm.assign_held_out(h, losses[rows], data.labels[rows])
+        labels = data.labels[rows]
+        algorithm.assign_held_out(h, per_sample_losses(logits[:, rows], labels), labels)
     omega = omega_table(algorithm, len(data.clients))
-    soft = summarize(data, score_clients(logits, data, omega, hard=False))
-    hard = summarize(data, score_clients(logits, data, omega, hard=True))
-    return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, losses
+    personal = personal_logits(algorithm, executor, data)
+    soft = summarize(data, score_clients(logits, data, omega, False, personal))
+    hard = summarize(data, score_clients(logits, data, omega, True, personal))
+    return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, raw
 
 
 def concept_purity(omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray) -> float | None:
@@ -103,3 +130,31 @@ def concept_purity(omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray) -
     np.add.at(mass, concepts, omega * sizes[:, None])
     rows, cols = linear_sum_assignment(-mass)
     return float(mass[rows, cols].sum() / mass.sum())
+
+
+def finetuned_logits(
+    algorithm: Algorithm,
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    seed: int,
+) -> dict[int, torch.Tensor]:
+    """FedRC-FT (NOTES §1): one epoch of γ-weighted fine-tuning of copies of the models on each
+    client's training (held-out: E-step) part, then (K, N_i, classes) logits on all its rows.
+
+    The algorithm's E-step runs on a copy, so the global state is untouched.
+    """
+    scratch = copy.deepcopy(algorithm)
+    executor.local_epochs = 1
+    out = {}
+    for client in range(len(data.clients)):
+        train, test = data.train_slices[client], data.test_slices[client]
+        x, y = data.images[train], data.labels[train]
+        raw = executor.logits(models, x)
+        gamma = scratch.assign(client, per_sample_losses(scratch.combine_logits(raw), y), y)
+        own = models.clone()
+        for task in scratch.local_tasks(client, gamma, models, raw):
+            own[task.model] = executor.train(task, x, y, seed + client).params
+        everything = data.images[train.start : test.stop]
+        out[client] = algorithm.combine_logits(executor.logits(own, everything))
+    return out

@@ -9,16 +9,22 @@ from typing import Any
 import numpy as np
 
 from pipeline import run_files as rf
+from pipeline.algorithms import build_algorithm
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig, config_dict
 from pipeline.data.benchmark import build_clients, build_manifest
 from pipeline.data.shards import data_digest, load_federated, read_manifest, write_shards
 from pipeline.data.sources import load_dataset
-from pipeline.engine import SequentialExecutor
 from pipeline.errors import FedrcError
-from pipeline.evaluate import all_logits, concept_purity, score_clients, summarize
+from pipeline.evaluate import (
+    all_logits,
+    concept_purity,
+    finetuned_logits,
+    personal_logits,
+    score_clients,
+    summarize,
+)
 from pipeline.io import atomic_dir, write_json
-from pipeline.models import build_model
-from pipeline.training import resolve_device, run_training
+from pipeline.training import make_executor, resolve_device, run_training
 
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
 
@@ -72,20 +78,19 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
 
     # Score the final models afresh: the numbers a user gets from model.pt, not from the log.
     device = resolve_device("auto")
-    shape = tuple(data.manifest["image_shape"])
-    executor = SequentialExecutor(
-        build_model(shape, data.num_classes),
-        device,
-        lr=1.0,
-        momentum=0.0,
-        weight_decay=0.0,
-        batch_size=1,
-        local_epochs=1,
-        drop_last=False,
-    )
+    executor = make_executor(train_config, data, device)
+    algorithm = build_algorithm(train_config, len(data.clients), data.num_classes)
+    algorithm.load_state_dict(final["algorithm"])
     data = data.to(device)
-    logits = all_logits(executor, final["models"].to(device), data)
-    scores = score_clients(logits, data, final["omega"], hard=config.hard)
+    models = final["models"].to(device)
+    logits = algorithm.combine_logits(all_logits(executor, models, data))
+    if config.finetune:
+        if train_config.algorithm == "fedsoft":
+            raise FedrcError("--finetune: FedSoft already scores clients with personal models")
+        own = finetuned_logits(algorithm, executor, models, data, train_config.seed)
+    else:
+        own = personal_logits(algorithm, executor, data)
+    scores = score_clients(logits, data, final["omega"], config.hard, own)
     final_summary = summarize(data, scores)
 
     part = np.asarray(data.participating)
@@ -95,6 +100,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     result = {
         "algorithm": train_config.algorithm,
         "prediction": "hard" if config.hard else "soft",
+        "finetune": config.finetune,
         "best_round": best["round"],
         **_at(best, prefix),
         "final_round": final["round"],

@@ -19,9 +19,10 @@ from pipeline import run_files as rf
 from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.shards import FederatedData, data_digest, load_federated
-from pipeline.engine import SequentialExecutor
+from pipeline.engine import LocalResult, LocalTask, SequentialExecutor
+from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
-from pipeline.evaluate import evaluate_round, omega_table
+from pipeline.evaluate import evaluate_round, omega_table, per_sample_losses
 from pipeline.models import build_model
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -46,14 +47,52 @@ def local_seed(seed: int, round_: int, client: int) -> int:
     return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
 
 
-def initial_models(executor: SequentialExecutor, data: FederatedData, config: TrainConfig):
-    """K independently initialised models, seeded: rows of a (K, P) tensor."""
+def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
+    shape = tuple(data.manifest["image_shape"])
+    model = build_model(shape, data.num_classes, config.model, config.pretrained, config.norm)
+    return SequentialExecutor(
+        model,
+        device,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        local_epochs=config.local_epochs,
+        drop_last=config.drop_last,
+    )
+
+
+def initial_models(
+    executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
+) -> torch.Tensor:
+    """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
     torch.manual_seed(config.seed)
     shape = tuple(data.manifest["image_shape"])
-    rows = [
-        build_model(shape, data.num_classes).to(executor.device) for _ in range(config.num_models)
-    ]
-    return torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in rows])
+    flat = []
+    for _ in range(rows):
+        model = build_model(shape, data.num_classes, config.model, config.pretrained, config.norm)
+        executor.model.load_state_dict(model.state_dict())
+        flat.append(executor.flatten())
+    return torch.stack(flat)
+
+
+class MomentumStore:
+    """Each (client, row)'s SGD momentum across rounds (the authors' code)."""
+
+    def __init__(self, enabled: bool, size: int) -> None:
+        self.enabled, self.size = enabled, size
+        self.buffers: dict[int, dict[int, torch.Tensor]] = {}
+
+    def attach(self, client: int, task: LocalTask, device: torch.device) -> None:
+        if self.enabled:
+            saved = self.buffers.get(client, {}).get(task.model)
+            task.momentum = (
+                torch.zeros(self.size, device=device) if saved is None else saved.to(device)
+            )
+
+    def keep(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        if self.enabled and result.momentum is not None:
+            self.buffers.setdefault(client, {})[task.model] = result.momentum.cpu()
 
 
 def train_round(
@@ -63,32 +102,36 @@ def train_round(
     executor: SequentialExecutor,
     models: torch.Tensor,
     data: FederatedData,
-    cached_losses: torch.Tensor | None,
+    cached_logits: torch.Tensor | None,
+    momentum: MomentumStore,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
-    sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
-    totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
+    algorithm.begin_round(models)
     loss_sum, seen = 0.0, 0
     for client in sampled:
         rows = data.train_slices[client]
         x, y = data.images[rows], data.labels[rows]
-        # After an evaluation round the losses of these models on these samples are known.
-        losses = executor.losses(models, x, y) if cached_losses is None else cached_losses[rows]
-        gamma = algorithm.assign(client, losses, y)  # E-step (eq. 3 / Alg. 1 line 5)
-        weights = algorithm.aggregation_weights(client, y.numel()).to(models.device)
-        for k in range(models.shape[0]):  # local M-step, model by model
-            if weights[k] == 0:
-                continue
-            trained, weighted_loss = executor.train(
-                models[k], x, y, gamma[:, k].detach(), local_seed(config.seed, round_, client)
-            )
-            sums[k] += weights[k] * trained
-            totals[k] += weights[k]
-            loss_sum += weighted_loss
+        # After an evaluation round the logits of these models on these samples are known.
+        raw = executor.logits(models, x) if cached_logits is None else cached_logits[:, rows]
+        losses = per_sample_losses(algorithm.combine_logits(raw), y)
+        gamma = algorithm.assign(client, losses, y)  # E-step / assignment (Alg. 1 line 5)
+        for task in algorithm.local_tasks(client, gamma.detach(), models, raw):
+            momentum.attach(client, task, models.device)
+            try:
+                result = executor.train(task, x, y, local_seed(config.seed, round_, client))
+            except NonFiniteLoss as e:
+                raise FedrcError(
+                    f"round {round_}, client {client}, model {task.model}: {e} — training "
+                    f"diverged; lower --lr (now {config.lr})"
+                ) from None
+            momentum.keep(client, task, result)
+            algorithm.receive(client, task, result, y.numel())
+            loss_sum += result.loss_sum
         seen += y.numel() * config.local_epochs
-    models = algorithm.aggregate(models, sums, totals)  # θ_k ← Σ_i N_i θ_ik / Σ_i N_i
+    models = algorithm.aggregate(models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
     algorithm.end_round()
-    return models, {"train_loss": loss_sum / max(seen, 1), "clients": len(sampled)}
+    row = {"train_loss": loss_sum / max(seen, 1), "clients": len(sampled)}
+    return models, {**row, **algorithm.round_info()}
 
 
 def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
@@ -122,19 +165,10 @@ def run_training(
     digest = data_digest(data.manifest)
     identity = json.dumps({**config.identity(), "data_digest": digest}, sort_keys=True)
 
-    shape = tuple(data.manifest["image_shape"])
-    executor = SequentialExecutor(
-        build_model(shape, data.num_classes),
-        device,
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        batch_size=config.batch_size,
-        local_epochs=config.local_epochs,
-        drop_last=config.drop_last,
-    )
+    executor = make_executor(config, data, device)
     algorithm = build_algorithm(config, len(data.clients), data.num_classes)
-    models = initial_models(executor, data, config)
+    models = initial_models(executor, data, config, algorithm.num_rows)
+    momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
     start, cached, eval_rounds, history = 0, None, [], []
     if resume:
         state = rf.load_state(out / rf.CHECKPOINT)
@@ -147,7 +181,8 @@ def run_training(
         algorithm.load_state_dict(state["algorithm"])
         start, eval_rounds = state["round"], state["eval_rounds"]
         history = list(state["omega_history"])
-        cached = None if state["cached_losses"] is None else state["cached_losses"].to(device)
+        momentum.buffers = state["momentum"]
+        cached = None if state["cached_logits"] is None else state["cached_logits"].to(device)
         rf.truncate_metrics(out / rf.METRICS, start)
     (out / rf.CONFIG).write_text(
         json.dumps({**config_dict(config), "data_digest": digest}, indent=2, sort_keys=True)
@@ -155,7 +190,9 @@ def run_training(
 
     for round_ in range(start + 1, config.rounds + 1):
         tic = time.perf_counter()
-        models, row = train_round(round_, config, algorithm, executor, models, data, cached)
+        models, row = train_round(
+            round_, config, algorithm, executor, models, data, cached, momentum
+        )
         cached = None
         if round_ % config.eval_every == 0 or round_ == config.rounds:
             scores, cached = evaluate_round(algorithm, executor, models, data)
@@ -174,7 +211,8 @@ def run_training(
                 "algorithm": algorithm.state_dict(),
                 "eval_rounds": eval_rounds,
                 "omega_history": history,
-                "cached_losses": None if cached is None else cached.cpu(),
+                "momentum": momentum.buffers,
+                "cached_logits": None if cached is None else cached.cpu(),
             },
         )
         if on_round is not None:
@@ -188,6 +226,7 @@ def run_training(
             "algorithm_name": config.algorithm,
             "models": models.cpu(),
             "omega": omega_table(algorithm, len(data.clients)),
+            "algorithm": algorithm.state_dict(),
         },
     )
     return out

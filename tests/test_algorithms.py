@@ -7,6 +7,7 @@ import torch
 
 from pipeline.algorithms import REGISTRY
 from pipeline.config import TrainConfig
+from pipeline.engine import LocalResult, LocalTask
 
 
 def make(name: str, clients: int = 3, k: int = 2, classes: int = 3, **kw):
@@ -72,15 +73,17 @@ def test_fedrc_held_out_switch() -> None:
     assert rc.tables[2].sum() == 0  # held-out clients send no label tables
 
 
+def result(params: list[float]) -> LocalResult:
+    return LocalResult(torch.tensor(params), 0.0, None)
+
+
 def test_aggregation_is_sample_weighted_and_keeps_untrained_models() -> None:
     algo = make("fedem")
     models = torch.tensor([[1.0, 1.0], [5.0, 5.0]])
-    a, b = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([[4.0, 3.0], [0.0, 0.0]])
-    wa, wb = algo.aggregation_weights(0, 10), algo.aggregation_weights(1, 30)
-    sums = wa[:, None] * a.double() + wb[:, None] * b.double()
-    totals = wa + wb
-    totals[1] = 0  # pretend no client trained model 1
-    new = algo.aggregate(models, sums, totals)
+    algo.begin_round(models)
+    algo.receive(0, LocalTask(0, models[0], torch.ones(10), weight=10), result([2.0, 0.0]), 10)
+    algo.receive(1, LocalTask(0, models[0], torch.ones(30), weight=30), result([4.0, 3.0]), 30)
+    new = algo.aggregate(models)  # nobody trained model 1
     torch.testing.assert_close(new[0], torch.tensor([3.5, 2.25]))  # (10·a + 30·b) / 40
     torch.testing.assert_close(new[1], models[1])
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.engine import SequentialExecutor
+from pipeline.engine import LocalTask, SequentialExecutor
 from pipeline.evaluate import concept_purity, per_sample_losses, predictions
 
 
@@ -22,10 +22,15 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return images, torch.tensor([0, 1, 2, 0])
 
 
+def train(ex: SequentialExecutor, start: torch.Tensor, weights: torch.Tensor, **task):
+    result = ex.train(LocalTask(0, start, weights, **task), *data(), seed=0)
+    return result.params, result.loss_sum
+
+
 def test_zero_weights_do_not_move_the_model() -> None:
     ex = executor(momentum=0.9)
     start = ex.flatten()
-    trained, loss = ex.train(start, *data(), torch.zeros(4), seed=0)
+    trained, loss = train(ex, start, torch.zeros(4))
     assert torch.equal(trained, start) and loss == 0.0
 
 
@@ -33,10 +38,42 @@ def test_weights_scale_the_step() -> None:
     """One full-batch SGD step: weight 2 on every sample = learning rate × 2."""
     ex = executor()
     start = ex.flatten()
-    twice, _ = ex.train(start, *data(), torch.full((4,), 2.0), seed=0)
-    ex2 = executor(lr=0.2)
-    double_lr, _ = ex2.train(start, *data(), torch.ones(4), seed=0)
+    twice, _ = train(ex, start, torch.full((4,), 2.0))
+    double_lr, _ = train(executor(lr=0.2), start, torch.ones(4))
     torch.testing.assert_close(twice, double_lr)
+
+
+def test_proximal_term_pulls_towards_the_anchor() -> None:
+    """With zero data weights one step is w ← w − lr·μ(w − a): exactly (1 − lr·μ)w + lr·μ·a."""
+    ex = executor()
+    start = ex.flatten()
+    anchor = torch.zeros_like(start)
+    moved, _ = train(ex, start, torch.zeros(4), anchor=anchor, mu=2.0)
+    torch.testing.assert_close(moved, start * (1 - 0.1 * 2.0))
+
+
+def test_offset_logits_enter_the_loss() -> None:
+    """A huge offset on the true class makes the loss (and so the step) vanish."""
+    ex = executor()
+    start = ex.flatten()
+    offset = torch.nn.functional.one_hot(data()[1], 3).float() * 100
+    moved, loss = train(ex, start, torch.ones(4), offset=offset)
+    torch.testing.assert_close(moved, start)
+    assert loss < 1e-30
+
+
+def test_momentum_buffer_round_trips() -> None:
+    """Two local runs with a carried buffer = one run of two steps (full batch, same data)."""
+    ex = executor(momentum=0.9)
+    start = ex.flatten()
+    zero = torch.zeros(ex.num_trainable)
+    first = ex.train(LocalTask(0, start, torch.ones(4), momentum=zero), *data(), seed=0)
+    second = ex.train(
+        LocalTask(0, first.params, torch.ones(4), momentum=first.momentum), *data(), seed=0
+    )
+    both = executor(momentum=0.9, local_epochs=2)
+    together, _ = train(both, start, torch.ones(4))
+    torch.testing.assert_close(second.params, together)
 
 
 def test_losses_are_per_sample_cross_entropy() -> None:

@@ -1,15 +1,22 @@
 """The contract every algorithm fulfils; the round loop in `pipeline.training` calls these verbs.
 
-Per round, for each sampled client i (FedRC paper, Algorithm 1):
-  `assign(i, losses, labels)`   E-step / assignment with the models just received → γ (N_i, K),
-                                the per-sample weights of model k's local training
-  `aggregation_weights(i, N_i)` how much client i's copy of each model counts on the server
+Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
+  `begin_round(models)`              the server's models before local training
+for each sampled client i:
+  `assign(i, losses, labels)`        E-step / cluster assignment with the models just received →
+                                     γ (N_i, K), also updates ω_i
+  `local_tasks(i, gamma, models, raw)`  the local trainings to run (`engine.LocalTask`)
+  `receive(i, task, result, N_i)`    the server collects one trained model
 then once on the server:
-  `aggregate(models, sums, totals)` the new global models
-  `end_round()`                 server-side bookkeeping for the next round (FedRC: C_{y,k})
+  `aggregate(models)`                the new global models
+  `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
-  `assign_held_out(i, losses, labels)` a non-participating client fits its ω
-  `predict_weights(i)`          ω_i, the client's mixture over the K models
+  `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
+  `assign_held_out(i, losses, labels)`  a non-participating client fits its ω
+  `predict_weights(i)`               ω_i, the client's mixture over the K predictors
+  `personal_model(i)`                a client's own model, where the algorithm keeps one
+
+`models` is an (R, P) tensor of flat models; R = `num_rows` (K, or K + 1 with a global model).
 """
 
 from __future__ import annotations
@@ -19,48 +26,97 @@ from typing import Any, ClassVar
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.engine.task import LocalResult, LocalTask
 
 
 class Algorithm:
     name: ClassVar[str]
+    paper: ClassVar[str]
 
     def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
         self.num_models = num_models
+        self.num_clients = num_clients
         self.num_classes = num_classes
         self.config = config
         self.omega = torch.full((num_clients, num_models), 1.0 / num_models, dtype=torch.float64)
+        self._sums: torch.Tensor | None = None
+        self._totals: torch.Tensor | None = None
 
+    @property
+    def num_rows(self) -> int:
+        return self.num_models
+
+    # --- E-step ---------------------------------------------------------------------------
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Hard-clustering default (NOTES §2): the model with the lowest loss on the E-step part."""
+        self.omega[client] = one_hot(int(losses.mean(0).argmin()), self.num_models)
 
-    def aggregation_weights(self, client: int, num_samples: int) -> torch.Tensor:
-        """Every model of a sampled client counts with its sample count N_i (FedAvg weighting)."""
-        return torch.full((self.num_models,), float(num_samples), dtype=torch.float64)
+    # --- local training -------------------------------------------------------------------
+    def local_tasks(
+        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
+    ) -> list[LocalTask]:
+        """Default (FedEM, FedRC): every model k trains with weights γ_{:,k}, counting N_i."""
+        n = float(gamma.shape[0])
+        return [LocalTask(k, models[k], gamma[:, k], weight=n) for k in range(self.num_models)]
 
-    def aggregate(
-        self, models: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor
-    ) -> torch.Tensor:
-        """θ_k ← Σ_i w_ik θ_ik / Σ_i w_ik; a model no client trained keeps its parameters."""
-        trained = totals > 0
+    def begin_round(self, models: torch.Tensor) -> None:
+        self._sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
+        self._totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
+
+    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+        self._sums[task.model] += task.weight * result.params
+        self._totals[task.model] += task.weight
+
+    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
+        """θ_k ← θ_k + η_g (Σ_i w_ik θ_ik / Σ_i w_ik − θ_k); a model nobody trained is kept."""
+        trained = self._totals > 0
         new = models.clone()
-        new[trained] = (sums[trained] / totals[trained, None]).to(models.dtype)
+        average = (self._sums[trained] / self._totals[trained, None]).to(models.dtype)
+        new[trained] = models[trained] + self.config.server_lr * (average - models[trained])
         return new
 
     def end_round(self) -> None:
         """Nothing to do between rounds unless the algorithm keeps server-side statistics."""
 
+    # --- prediction -----------------------------------------------------------------------
+    def combine_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw
+
     def predict_weights(self, client: int) -> torch.Tensor:
         return self.omega[client]
 
+    def personal_model(self, client: int) -> torch.Tensor | None:
+        return None
+
+    def round_info(self) -> dict[str, Any]:
+        """Extra numbers for the round's metrics line (e.g. the number of active models)."""
+        return {}
+
+    # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"omega": self.omega}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             current = getattr(self, key)
-            if current.shape != value.shape:
-                raise ValueError(f"{key}: shape {tuple(value.shape)} != {tuple(current.shape)}")
-            setattr(self, key, value.to(current.dtype))
+            if isinstance(current, torch.Tensor):
+                if current.shape != value.shape:
+                    raise ValueError(f"{key}: shape {tuple(value.shape)} != {tuple(current.shape)}")
+                value = value.to(current.dtype)
+            setattr(self, key, value)
+
+
+def one_hot(index: int, size: int) -> torch.Tensor:
+    row = torch.zeros(size, dtype=torch.float64)
+    row[index] = 1.0
+    return row
+
+
+def hard_gamma(losses: torch.Tensor, cluster: int) -> torch.Tensor:
+    """γ of a hard assignment: every sample of the client belongs to `cluster`."""
+    gamma = torch.zeros_like(losses)
+    gamma[:, cluster] = 1.0
+    return gamma

@@ -11,6 +11,7 @@ class FedAvg(Algorithm):
     """Every client trains the single model on all its samples with weight 1."""
 
     name = "fedavg"
+    paper = "McMahan et al., AISTATS 2017"
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(losses)

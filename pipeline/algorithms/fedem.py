@@ -1,4 +1,4 @@
-"""FedEM (Marfoq et al., 2021): clients are mixtures of K models, fitted by EM.
+"""FedEM (Marfoq et al., NeurIPS 2021): clients are mixtures of K models, fitted by EM.
 
 E-step (log space): γ_{ij;k} = softmax_k(log ω_{i;k} − f(x_ij, y_ij; θ_k));
 ω_{i;k} = mean_j γ_{ij;k}.
@@ -15,6 +15,7 @@ from pipeline.algorithms.base import Algorithm
 
 class FedEM(Algorithm):
     name = "fedem"
+    paper = "Marfoq et al., NeurIPS 2021"
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         """Extra log-likelihood per (sample, model); FedEM has none. FedRC: −log C_{y,k}."""

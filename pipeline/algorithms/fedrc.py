@@ -7,6 +7,14 @@ E-step (Alg. 1, in log space): γ_{ij;k} = softmax_k(log ω_{i;k} − f − log 
 Label statistics: client i sends S_i[k, y] = Σ_{j: y_ij = y} γ_{ij;k}; the server sums every
 client's latest table, floors the entries and normalises each row over y to get C_{y,k}, which
 the *next* round's E-steps use (the authors' one-round lag; round 1 is a FedEM E-step).
+
+Variants (options of `TrainConfig`):
+- `estep: adam`  FedConceptEM app. D.1: γ moves from its previous value along the Adam direction
+  of g = γ^{t−1} − γ̃^t (γ̃ the plain E-step), clipped at 0 and renormalised over k
+- `prune_threshold: δ`  adaptive K (FedConceptEM Alg. 2): a model whose average γ over all
+  samples falls below δ is removed everywhere
+- `hard_train` (TrHC): each client trains only its arg-max ω model, on all its samples
+- `table_noise: ξ`  N(0, ξ²) added to every uploaded label table (paper Table 10)
 """
 
 from __future__ import annotations
@@ -17,31 +25,114 @@ import torch
 
 from pipeline.algorithms.fedem import FedEM
 from pipeline.config import TrainConfig
+from pipeline.engine.task import LocalTask
 
 
 class FedRC(FedEM):
     name = "fedrc"
+    paper = "Guo et al., ICML 2024"
 
     def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
         super().__init__(num_models, num_clients, num_classes, config)
         self.tables = torch.zeros(num_clients, num_models, num_classes, dtype=torch.float64)
         self.prior = torch.full((num_models, num_classes), 1.0 / num_classes, dtype=torch.float64)
+        self.active = torch.ones(num_models, dtype=torch.bool)
+        self.sizes = torch.zeros(num_clients, dtype=torch.float64)
+        self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
+        self.noise = torch.Generator().manual_seed(config.seed)
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         if held_out and not self.config.heldout_label_prior:
             return 0.0  # the authors' code scores held-out clients with FedEM's E-step
         return -torch.log(self.prior.T.to(labels.device)[labels]).float()  # (N, K)
 
+    def adam_step(self, client: int, plain: torch.Tensor) -> torch.Tensor:
+        """γ ← γ^{t−1} − α (ν/(1−β1)) / (sqrt(a/(1−β2)) + ε), clipped at 0, renormalised."""
+        c = self.config
+        state = self.adam.get(client)
+        if state is None:  # first visit: the plain E-step
+            gamma = plain
+            zeros = torch.zeros_like(plain)
+            self.adam[client] = {"gamma": plain.cpu(), "m": zeros.cpu(), "v": zeros.cpu()}
+            return gamma
+        previous = state["gamma"].to(plain)
+        g = previous - plain
+        m = c.adam_beta1 * state["m"].to(plain) + (1 - c.adam_beta1) * g
+        v = c.adam_beta2 * state["v"].to(plain) + (1 - c.adam_beta2) * g * g
+        step = (m / (1 - c.adam_beta1)) / (torch.sqrt(v / (1 - c.adam_beta2)) + c.adam_eps)
+        gamma = (previous - c.adam_lr * step).clamp(min=0) * self.active.to(plain.device)
+        total = gamma.sum(1, keepdim=True)
+        gamma = torch.where(total > 0, gamma / total.clamp(min=1e-30), plain)  # guard a zero sum
+        self.adam[client] = {"gamma": gamma.cpu(), "m": m.cpu(), "v": v.cpu()}
+        return gamma
+
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        gamma = super().assign(client, losses, labels)
+        gamma = self.responsibilities(client, losses, labels)
+        if self.config.estep == "adam":
+            gamma = self.adam_step(client, gamma)
+        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)
+        self.sizes[client] = float(labels.numel())
         table = torch.zeros(self.num_classes, self.num_models, dtype=torch.float64)
         table.index_add_(0, labels.cpu(), gamma.detach().cpu().to(torch.float64))
+        if self.config.table_noise > 0:
+            table += self.config.table_noise * torch.randn(table.shape, generator=self.noise)
         self.tables[client] = table.T
         return gamma
+
+    def local_tasks(
+        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
+    ) -> list[LocalTask]:
+        n = float(gamma.shape[0])
+        if self.config.hard_train:  # TrHC: only the arg-max model, every sample with weight 1
+            k = int(self.omega[client].argmax())
+            return [LocalTask(k, models[k], torch.ones_like(gamma[:, k]), weight=n)]
+        return [
+            LocalTask(k, models[k], gamma[:, k], weight=n)
+            for k in range(self.num_models)
+            if self.active[k]
+        ]
 
     def end_round(self) -> None:
         totals = self.tables.sum(0).clamp(min=self.config.label_floor)
         self.prior = totals / totals.sum(1, keepdim=True)
+        if self.config.prune_threshold is not None:
+            self.prune(self.config.prune_threshold)
+
+    def prune(self, threshold: float) -> None:
+        """Remove every model whose average γ over all samples seen is below δ (never the last)."""
+        seen = self.sizes > 0
+        if not seen.any():
+            return
+        mean_gamma = (self.sizes[seen, None] * self.omega[seen]).sum(0) / self.sizes[seen].sum()
+        for k in mean_gamma.argsort().tolist():
+            if self.active[k] and mean_gamma[k] < threshold and int(self.active.sum()) > 1:
+                self.active[k] = False
+        keep = self.active.to(self.omega.dtype)
+        kept = self.omega * keep
+        self.omega = torch.where(
+            kept.sum(1, keepdim=True) > 0,
+            kept / kept.sum(1, keepdim=True).clamp(min=1e-300),
+            keep / keep.sum(),
+        )
+        for state in self.adam.values():
+            g = state["gamma"] * keep.to(state["gamma"])
+            state["gamma"] = g / g.sum(1, keepdim=True).clamp(min=1e-30)
+
+    def round_info(self) -> dict[str, Any]:
+        return {"active_models": int(self.active.sum())}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "tables": self.tables, "prior": self.prior}
+        return {
+            **super().state_dict(),
+            "tables": self.tables,
+            "prior": self.prior,
+            "active": self.active,
+            "sizes": self.sizes,
+            "adam": self.adam,
+            "noise_state": self.noise.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.noise.set_state(state.pop("noise_state"))
+        super().load_state_dict(state)

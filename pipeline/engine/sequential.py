@@ -1,4 +1,4 @@
-"""The sequential executor: one (client, model) pair at a time, on one reused module.
+"""The sequential executor: one local training at a time, on one reused module.
 
 On a 2-core CPU the FMNIST CNN is compute-bound, and this plain loop is the fastest way to run
 it (DESIGN.md principle 3). It is also the reference that faster executors are checked against.
@@ -10,12 +10,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.engine.task import LocalResult, LocalTask
+
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
 
 
 def as_input(images: torch.Tensor) -> torch.Tensor:
     """uint8 images (N, C, H, W) → float inputs in [-1, 1]."""
     return images.float().div_(127.5).sub_(1.0)
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A local training produced a NaN or infinite loss (usually: learning rate too large)."""
 
 
 class SequentialExecutor:
@@ -34,29 +40,43 @@ class SequentialExecutor:
         self.device = device
         self.model = model.to(device)
         self.params = list(self.model.parameters())
+        # The flat layout: every parameter, then every floating-point buffer (BatchNorm stats).
+        self.tensors = self.params + [b for b in self.model.buffers() if b.is_floating_point()]
         self.optimizer = torch.optim.SGD(
             self.params, lr=lr, momentum=momentum, weight_decay=weight_decay
         )
+        self.momentum = momentum
         self.batch_size = batch_size
         self.local_epochs = local_epochs
         self.drop_last = drop_last
 
     @property
     def num_params(self) -> int:
+        """Length of a model's flat vector (parameters and floating-point buffers)."""
+        return sum(t.numel() for t in self.tensors)
+
+    @property
+    def num_trainable(self) -> int:
+        """The leading part of the flat vector that SGD updates."""
         return sum(p.numel() for p in self.params)
 
     def flatten(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
 
     def load(self, flat: torch.Tensor) -> None:
         with torch.no_grad():
             offset = 0
-            for p in self.params:
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for t in self.tensors:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """`flat`'s trainable part cut into tensors shaped like the parameters."""
+        sizes = [p.numel() for p in self.params]
+        return [v.view_as(p) for v, p in zip(flat[: sum(sizes)].split(sizes), self.params)]
 
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        """Logits of every model on every image: (K, N, classes), no gradients."""
+        """Logits of every model on every image: (K, N, classes), no gradients, eval mode."""
         self.model.eval()
         out = []
         with torch.no_grad():
@@ -75,34 +95,51 @@ class SequentialExecutor:
         return torch.stack([F.cross_entropy(z, labels, reduction="none") for z in logits], 1)
 
     def train(
-        self,
-        start: torch.Tensor,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        weights: torch.Tensor,
-        seed: int,
-    ) -> tuple[torch.Tensor, float]:
-        """Local SGD from `start` with loss (1/B) Σ_b w_b f(x_b, y_b); fresh momentum.
+        self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int
+    ) -> LocalResult:
+        """Local SGD for `task`: loss (1/B) Σ_b w_b f(x_b, y_b) [+ (μ/2)‖w − anchor‖²].
 
-        Returns the trained parameters and Σ w·f over every sample seen (for the train loss).
+        Momentum starts fresh unless the task brings a buffer. Batches are drawn from a
+        generator seeded with `seed`, so a task's result depends only on its inputs.
         """
-        self.load(start)
+        self.load(task.start)
         self.model.train()
         self.optimizer.state.clear()
+        if task.momentum is not None:
+            for p, buf in zip(self.params, self._views(task.momentum)):
+                self.optimizer.state[p]["momentum_buffer"] = buf.clone()
+        anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
+        weights, offset = task.weights, task.offset
         gen = torch.Generator().manual_seed(seed)
         n = labels.shape[0]
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(self.local_epochs):
             order = torch.randperm(n, generator=gen).to(self.device)
             stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
             for s in range(0, stop, self.batch_size):
                 idx = order[s : min(s + self.batch_size, stop)]
-                per_sample = F.cross_entropy(
-                    self.model(as_input(images[idx])), labels[idx], reduction="none"
-                )
+                out = self.model(as_input(images[idx]))
+                if offset is not None:
+                    out = out + offset[idx]
+                per_sample = F.cross_entropy(out, labels[idx], reduction="none")
                 weighted = (weights[idx] * per_sample).sum()
                 self.optimizer.zero_grad(set_to_none=True)
                 (weighted / idx.numel()).backward()
+                if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
+                    with torch.no_grad():
+                        for p, a in zip(self.params, anchor):
+                            p.grad.add_(p - a, alpha=task.mu)
                 self.optimizer.step()
-                total += float(weighted.detach())
-        return self.flatten(), total
+                total += weighted.detach()
+        loss_sum = float(total)
+        if not torch.isfinite(total):
+            raise NonFiniteLoss(f"local loss {loss_sum}")
+        momentum = None
+        if task.momentum is not None:
+            momentum = torch.cat(
+                [
+                    self.optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
+                    for p in self.params
+                ]
+            )
+        return LocalResult(self.flatten(), loss_sum, momentum)

@@ -5,9 +5,18 @@ from __future__ import annotations
 from torch import nn
 
 from pipeline.models.cnn import FmnistCNN
+from pipeline.models.torchvision_nets import torchvision_net
 
 
-def build_model(image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The FMNIST CNN of the FedRC paper (NOTES §5), sized for (H, W, C) images."""
+def build_model(
+    image_shape: tuple[int, int, int],
+    num_classes: int,
+    name: str = "cnn",
+    pretrained: bool = False,
+    norm: str = "batch",
+) -> nn.Module:
+    """`cnn`: the paper's FMNIST CNN (NOTES §5); `mobilenet_v2`, `resnet18`: torchvision's."""
     height, width, channels = image_shape
-    return FmnistCNN(channels, height, width, num_classes)
+    if name == "cnn":
+        return FmnistCNN(channels, height, width, num_classes)
+    return torchvision_net(name, channels, num_classes, pretrained, norm)

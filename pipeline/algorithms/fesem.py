@@ -1,0 +1,56 @@
+"""FeSEM (Long et al., WWW Journal 2023): clients move to the centre nearest to their model.
+
+Round t: client i trains the model of its current cluster c_i (first assignment: the lowest
+loss); after training, the server reassigns it to the nearest centre,
+c_i ← argmin_k ‖w_i − θ_k‖₂ (θ_k the centres it started the round with), and each centre
+becomes the N_i-weighted average of its new members. The client's trained weights count in its
+new cluster (the FedRC port drops them when a client changes cluster: a bug, NOTES §2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
+from pipeline.config import TrainConfig
+from pipeline.engine.task import LocalResult, LocalTask
+
+
+class FeSEM(Algorithm):
+    name = "fesem"
+    paper = "Long et al., World Wide Web 2023"
+
+    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
+        super().__init__(num_models, num_clients, num_classes, config)
+        self.cluster = torch.full((num_clients,), -1, dtype=torch.long)
+        self._centres: torch.Tensor | None = None
+
+    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.cluster[client] < 0:
+            self.cluster[client] = int(losses.mean(0).argmin())
+        k = int(self.cluster[client])
+        self.omega[client] = one_hot(k, self.num_models)
+        return hard_gamma(losses, k)
+
+    def local_tasks(
+        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
+    ) -> list[LocalTask]:
+        k = int(self.cluster[client])
+        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
+
+    def begin_round(self, models: torch.Tensor) -> None:
+        super().begin_round(models)
+        self._centres = models
+
+    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+        distances = torch.cdist(result.params[None].double(), self._centres.double())[0]
+        k = int(distances.argmin())
+        self.cluster[client] = k
+        self.omega[client] = one_hot(k, self.num_models)
+        self._sums[k] += task.weight * result.params
+        self._totals[k] += task.weight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "cluster": self.cluster}

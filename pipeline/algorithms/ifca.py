@@ -1,0 +1,29 @@
+"""IFCA (Ghosh et al., NeurIPS 2020): each client joins the model with the lowest loss.
+
+Client i picks k* = argmin_k (1/N_i) Σ_j f(x_ij, y_ij; θ_k) with the models it just received,
+trains only θ_{k*}, and the server averages each model over its members (N_i-weighted). A model
+with no member this round keeps its parameters (the FedRC port zeroes it: a bug, NOTES §2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
+from pipeline.engine.task import LocalTask
+
+
+class IFCA(Algorithm):
+    name = "ifca"
+    paper = "Ghosh et al., NeurIPS 2020"
+
+    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        k = int(losses.mean(0).argmin())
+        self.omega[client] = one_hot(k, self.num_models)
+        return hard_gamma(losses, k)
+
+    def local_tasks(
+        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
+    ) -> list[LocalTask]:
+        k = int(gamma[0].argmax())
+        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
