@@ -35,8 +35,10 @@ def _depthwise(x: torch.Tensor, kernel: torch.Tensor, mode: str) -> torch.Tensor
     n, c, h, w = x.shape
     kh, kw = kernel.shape
     pad = (kw // 2, kw - 1 - kw // 2, kh // 2, kh - 1 - kh // 2)
-    y = F.pad(x.reshape(n * c, 1, h, w), pad, mode=mode)
-    return F.conv2d(y, kernel.view(1, 1, kh, kw).to(x.dtype)).view(n, c, h, w)
+    y = F.pad(x.reshape(1, n * c, h, w), pad, mode=mode)
+    # one group per plane: several times faster on the CPU than a batch of 1-channel planes
+    weight = kernel.to(x.dtype).view(1, 1, kh, kw).expand(n * c, 1, kh, kw)
+    return F.conv2d(y, weight, groups=n * c).view(n, c, h, w)
 
 
 def gaussian_blur(
