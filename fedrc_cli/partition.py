@@ -42,7 +42,10 @@ def partition(
         ),
     ] = None,
     styles: Annotated[
-        str | None, typer.Option(help="Comma-separated corruptions to draw from (default: all).")
+        str | None,
+        typer.Option(
+            help="Comma-separated corruptions to draw from (default: the dataset's suite)."
+        ),
     ] = None,
     test_fraction: Annotated[
         float | None, typer.Option(help="Share of each client's samples kept for its test split.")

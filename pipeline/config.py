@@ -69,15 +69,13 @@ class PartitionConfig:
     samples_per_client: int | None = None  # None: the training pool split evenly over clients
     alpha: float = 1.0
     client_mix: str = "paper"
-    styles: list[str] | None = None  # None: every implemented corruption
+    styles: list[str] | None = None  # None: the dataset's whole suite (grey or colour)
     test_fraction: float = 0.1
     holdout_samples: int | None = None  # per non-participating client; None: whole test set
     seed: int = 0
     out: str = "data/federated"
 
     def validate(self) -> None:
-        from pipeline.data.corruptions import CORRUPTIONS
-
         p = "partition"
         _require(self.dataset in DATASETS, f"{p}.dataset", f"one of {DATASETS}", self.dataset)
         _require(self.clients >= 2, f"{p}.clients", "an integer >= 2", self.clients)
@@ -90,12 +88,24 @@ class PartitionConfig:
         _require(self.client_mix in mixes, f"{p}.client_mix", f"one of {mixes}", self.client_mix)
         if self.styles is not None:
             _require(len(self.styles) > 0, f"{p}.styles", "a non-empty list or null", self.styles)
-            for s in self.styles:
-                _require(s in CORRUPTIONS, f"{p}.styles", f"names from {sorted(CORRUPTIONS)}", s)
+            self._validate_styles(self.styles)
         tf = self.test_fraction
         _require(0 < tf < 1, f"{p}.test_fraction", "a number in (0, 1)", tf)
         hs = self.holdout_samples
         _require(hs is None or hs >= 10, f"{p}.holdout_samples", ">= 10 or null", hs)
+
+    def _validate_styles(self, styles: list[str]) -> None:
+        """Names from the dataset's suite when its name tells the channel count, else from
+        either suite; the build checks them again against the images it loaded."""
+        from pipeline.data.corruptions import CORRUPTIONS, DATASET_CHANNELS, accepted, suite_name
+
+        channels = DATASET_CHANNELS.get(self.dataset)
+        if channels is None:
+            names, where = CORRUPTIONS, "either suite"
+        else:
+            names, where = accepted(channels), f"the {suite_name(channels)} suite"
+        for s in styles:
+            _require(s in names, "partition.styles", f"names from {where} ({', '.join(names)})", s)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.config import PartitionConfig, config_dict
-from pipeline.data.corruptions import CORRUPTIONS, corrupt
+from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.shards import ClientData, client_summary
 from pipeline.data.shifts import (
     CLIENT_MIXES,
@@ -24,6 +24,20 @@ from pipeline.data.shifts import (
     train_test_split,
 )
 from pipeline.data.sources import RawDataset
+from pipeline.errors import FedrcError
+
+
+def resolve_styles(config: PartitionConfig, channels: int) -> list[str]:
+    """The corruptions corrupted clients draw from: `partition.styles`, or the whole suite of
+    the images' channel count (grey or colour)."""
+    try:
+        if not config.styles:
+            return list(suite_for(channels))
+        for style in config.styles:
+            check_style(style, channels)
+    except ValueError as e:
+        raise FedrcError(f"partition.styles: {e}") from None
+    return sorted(config.styles)
 
 
 def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
@@ -42,7 +56,7 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
     concept, corrupted = client_types(
         config.clients, config.client_mix, np.random.default_rng(types_seq)
     )
-    styles = sorted(config.styles or CORRUPTIONS)
+    styles = resolve_styles(config, raw.image_shape[-1])
     style_rng = np.random.default_rng(style_seq)
     client_seeds = client_seq.spawn(config.clients + len(CONCEPT_NAMES))
 
