@@ -92,3 +92,47 @@ def test_fedavg_single_model_weight_one() -> None:
     algo = make("fedavg", k=3)
     assert algo.num_models == 1
     assert algo.assign(0, torch.rand(4, 1), torch.zeros(4, dtype=torch.long)).eq(1).all()
+
+
+def test_fedrc_adam_e_step_hand_computed() -> None:
+    """γ^{t−1} = (½, ½), plain E-step γ̃ = (0.8, 0.2): g = (−0.3, 0.3), ν = 0.1 g, a = 0.01 g²,
+    step = (ν/0.1) / sqrt(a/0.01) = sign(g) → γ = (½, ½) + (1, −1) → clip → (1, 0)."""
+    rc = make("fedrc", estep="adam")
+    labels = torch.tensor([0])
+    first = rc.assign(0, torch.zeros(1, 2), labels)  # first visit: the plain E-step
+    torch.testing.assert_close(first, torch.tensor([[0.5, 0.5]]))
+    losses = torch.tensor([[0.0, math.log(4.0)]])  # with ω = (½, ½): γ̃ = (0.8, 0.2)
+    gamma = rc.assign(0, losses, labels)
+    torch.testing.assert_close(gamma, torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(rc.omega[0], torch.tensor([1.0, 0.0], dtype=torch.float64))
+
+
+def test_adaptive_k_removes_models_below_delta() -> None:
+    rc = make("fedrc", clients=2, k=3, prune_threshold=0.05)
+    rc.assign(0, torch.tensor([[0.0, 0.0, 20.0]] * 3), torch.zeros(3, dtype=torch.long))
+    rc.assign(1, torch.tensor([[0.0, 20.0, 20.0]] * 1), torch.zeros(1, dtype=torch.long))
+    rc.end_round()  # mean γ of model 2 ≈ 0 < δ: removed; models 0 and 1 stay
+    assert rc.active.tolist() == [True, True, False]
+    assert rc.omega[:, 2].eq(0).all()
+    torch.testing.assert_close(rc.omega.sum(1), torch.ones(2, dtype=torch.float64))
+    tasks = rc.local_tasks(0, torch.ones(3, 3) / 3, torch.zeros(3, 2), torch.zeros(3, 3, 3))
+    assert [t.model for t in tasks] == [0, 1]
+    gamma = rc.assign(0, torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    assert gamma[:, 2].eq(0).all()  # log ω = −∞: a removed model gets no responsibility
+
+
+def test_trhc_trains_only_the_argmax_model_with_unit_weights() -> None:
+    rc = make("fedrc", hard_train=True)
+    gamma = rc.assign(0, torch.tensor([[2.0, 0.0], [2.0, 0.0]]), torch.tensor([0, 1]))
+    (task,) = rc.local_tasks(0, gamma, torch.zeros(2, 2), torch.zeros(2, 2, 3))
+    assert task.model == 1 and task.weights.eq(1).all()
+
+
+def test_label_table_noise_is_seeded_gaussian() -> None:
+    clean, noisy = make("fedrc"), make("fedrc", table_noise=25.0)
+    again = make("fedrc", table_noise=25.0)
+    for algo in (clean, noisy, again):
+        algo.assign(0, torch.zeros(4, 2), torch.tensor([0, 1, 1, 2]))
+    diff = noisy.tables[0] - clean.tables[0]
+    assert diff.abs().min() > 0 and diff.std() > 5  # ξ = 25 swamps the counts
+    torch.testing.assert_close(noisy.tables, again.tables)

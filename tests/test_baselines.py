@@ -5,7 +5,7 @@ import torch
 
 from pipeline.algorithms import REGISTRY
 from pipeline.config import TrainConfig, build_config
-from pipeline.engine import LocalResult, LocalTask
+from pipeline.engine import LocalResult
 from pipeline.errors import FedrcError
 
 
@@ -184,3 +184,26 @@ def test_reference_profile_sets_the_code_switches_unless_given() -> None:
     assert not config.heldout_label_prior and (config.adam_beta1, config.adam_beta2) == (0.5, 0.5)
     assert config.drop_last is False  # an explicit key wins over the profile
     assert build_config(TrainConfig, {}).weight_decay == 0.0
+
+
+@pytest.mark.parametrize(
+    ("args", "culprit"),
+    [
+        (["--algorithm", "fedprox"], "train.mu"),
+        (["--algorithm", "fedsoft", "--mu", "-1"], "train.mu"),
+        (["--algorithm", "fedrc", "--estep", "newton"], "train.estep"),
+        (["--algorithm", "cfl", "--max-clusters", "0"], "train.max_clusters"),
+        (["--model", "vgg"], "train.model"),
+        (["--prune-threshold", "1.5"], "train.prune_threshold"),
+        (["--profile", "authors"], "train.profile"),
+    ],
+)
+def test_cli_rejects_bad_algorithm_options(args: list[str], culprit: str, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from fedrc_cli.app import app
+
+    out = tmp_path / "run"
+    got = CliRunner().invoke(app, ["train", "--out", str(out), *args])
+    assert got.exit_code == 2 and culprit in got.output
+    assert len(got.output.strip().splitlines()) == 1 and not out.exists()

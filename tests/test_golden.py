@@ -1,0 +1,81 @@
+"""Every algorithm end to end on the tiny synthetic benchmark: seeded golden curves, partial
+participation, resume, and eval agreeing with the training log.
+
+Regenerate the curves after an intended change of the numbers with
+`FEDRC_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`, and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ALGORITHMS, EvalConfig, TrainConfig
+from pipeline.run_files import METRICS, read_metrics
+from pipeline.stages import eval_stage, train_stage
+
+GOLDEN = Path(__file__).parent / "golden" / "curves.json"
+CURVE_KEYS = ("train_loss", "local_accuracy", "global_accuracy")
+EXTRA = {
+    "fedprox": {"mu": 0.01},
+    "fedsoft": {"mu": 0.01},
+    "fesem-cam": {"mu": 0.01, "warmup_rounds": 1},
+    "ifca-cam": {"warmup_rounds": 1},
+    "cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01},  # split as soon as there are > 2 members
+    "fedrc": {"estep": "adam", "prune_threshold": 0.05},
+}
+
+
+def config(data: Path, algorithm: str, out: Path, rounds: int = 3) -> TrainConfig:
+    return TrainConfig(
+        data=str(data), algorithm=algorithm, out=str(out), rounds=rounds, local_epochs=2,
+        batch_size=16, lr=0.05, clusters=2, participation=0.5, eval_every=1, device="cpu",
+        **EXTRA.get(algorithm, {}),
+    )  # fmt: skip
+
+
+def curve(run: Path) -> dict[str, list[float]]:
+    rows = read_metrics(run / METRICS)
+    return {key: [round(r[key], 6) for r in rows] for key in CURVE_KEYS}
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_golden_curve_resume_and_eval(
+    algorithm: str, tiny_data: Path, tmp_path: Path, golden: dict
+) -> None:
+    run = train_stage(config(tiny_data, algorithm, tmp_path / "full"))
+    got = curve(run)
+    if os.environ.get("FEDRC_UPDATE_GOLDEN"):
+        GOLDEN.write_text(
+            json.dumps(
+                {**json.loads(GOLDEN.read_text() or "{}"), algorithm: got}
+                if GOLDEN.exists()
+                else {algorithm: got},
+                indent=1,
+            )
+        )
+    expected = golden.get(algorithm)
+    assert expected is not None, f"no golden curve for {algorithm}: regenerate (see docstring)"
+    assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-3)
+    for key in ("local_accuracy", "global_accuracy"):
+        assert got[key] == pytest.approx(expected[key], abs=0.03)
+
+    # stop after round 2, resume to 3: the same metrics as the uninterrupted run
+    half = tmp_path / "half"
+    train_stage(config(tiny_data, algorithm, half, rounds=2))
+    train_stage(config(tiny_data, algorithm, half), resume=True)
+    assert curve(half) == got
+
+    # eval re-scores model.pt and finds the last logged round's numbers
+    result = eval_stage(EvalConfig(run=str(run)))
+    last = read_metrics(run / METRICS)[-1]
+    assert result["final_local_accuracy"] == pytest.approx(last["local_accuracy"], abs=1e-6)
+    assert result["final_global_accuracy"] == pytest.approx(last["global_accuracy"], abs=1e-6)
