@@ -219,7 +219,9 @@ class BatchedExecutor(SequentialExecutor):
     def _stack(self, rows: list[torch.Tensor]) -> list[torch.Tensor]:
         """(trainable,) rows → per-parameter stacked tensors (T, *shape)."""
         flat = torch.stack([r[: self.num_trainable].to(self.device) for r in rows])
-        return [v.reshape(len(rows), *s).contiguous() for v, s in zip(self._split(flat), self.shapes)]
+        return [
+            v.reshape(len(rows), *s).contiguous() for v, s in zip(self._split(flat), self.shapes)
+        ]
 
     def _train_chunk(self, jobs: list[Job], first: int) -> list[LocalResult]:
         tasks = [job[0] for job in jobs]
