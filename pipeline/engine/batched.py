@@ -284,7 +284,7 @@ class BatchedExecutor(SequentialExecutor):
                         b.index_copy_(0, ids_d, new)
                 total.index_add_(0, ids_d, weighted.detach().double())
                 objective = objective + (weighted / length).sum()
-            grads = torch.autograd.grad(objective, leaves)
+            grads = torch.autograd.grad(objective, leaves, allow_unused=True)
             masked = None if bool(mask[j].all()) else mask_dev[j]
             params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked)
 
@@ -310,11 +310,16 @@ class BatchedExecutor(SequentialExecutor):
 
     def _sgd(self, params, grads, bufs, anchors, mus, mask):
         """torch.optim.SGD's step on stacked tensors; rows where `mask` is False keep their
-        parameters and momentum."""
+        parameters and momentum. A parameter without a gradient is skipped, as torch does."""
         new_params, new_bufs = [], []
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(params, grads)):
                 p = p.detach()
+                if g is None:
+                    new_params.append(p)
+                    if bufs is not None:
+                        new_bufs.append(bufs[i])
+                    continue
                 d = g
                 if anchors is not None:  # gradient of (μ/2)‖w − anchor‖²
                     d = d + mus.view(-1, *[1] * (p.dim() - 1)) * (p - anchors[i])
