@@ -78,6 +78,13 @@ def train(
     device: Annotated[
         str | None, typer.Option(help="auto (cuda when available), cpu or cuda.")
     ] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="auto (batched on CUDA), batched or sequential.")
+    ] = None,
+    chunk_clients: Annotated[
+        int | None, typer.Option(help="Batched: local trainings at once (default: from memory).")
+    ] = None,
+    precision: Annotated[str | None, typer.Option(help="Batched on CUDA: fp32 or bf16.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run folder.")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")
@@ -117,6 +124,9 @@ def train(
             eval_every=eval_every,
             seed=seed,
             device=device,
+            executor=executor,
+            chunk_clients=chunk_clients,
+            precision=precision,
             out=str(out) if out else None,
         )
         if resume and overwrite:

@@ -36,6 +36,8 @@ ALGORITHMS = (
 SINGLE_MODEL = ("fedavg", "fedprox")
 PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # algorithms that need mu > 0
 DEVICES = ("auto", "cpu", "cuda")
+EXECUTORS = ("auto", "batched", "sequential")  # auto: sequential on a CPU, batched on CUDA
+PRECISIONS = ("fp32", "bf16")
 MODELS = ("cnn", "mobilenet_v2", "resnet18")
 NORMS = ("batch", "group")
 ESTEPS = ("em", "adam")
@@ -147,6 +149,9 @@ class TrainConfig:
     eval_every: int = 1
     seed: int = 0
     device: str = "auto"
+    executor: str = "auto"  # auto (sequential on a CPU, batched on CUDA), batched, sequential
+    chunk_clients: int | None = None  # batched: local trainings at once (None: from GPU memory)
+    precision: str = "fp32"  # batched on CUDA: fp32, or bf16 autocast
     out: str = "runs/fedrc"
 
     def validate(self) -> None:
@@ -172,6 +177,11 @@ class TrainConfig:
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
+        ex, cc = self.executor, self.chunk_clients
+        _require(ex in EXECUTORS, f"{t}.executor", f"one of {EXECUTORS}", ex)
+        _require(cc is None or cc >= 1, f"{t}.chunk_clients", "an integer >= 1 or null", cc)
+        pr = self.precision
+        _require(pr in PRECISIONS, f"{t}.precision", f"one of {PRECISIONS}", pr)
         _require(self.model in MODELS, f"{t}.model", f"one of {MODELS}", self.model)
         _require(self.norm in NORMS, f"{t}.norm", f"one of {NORMS}", self.norm)
         _require(
@@ -209,8 +219,10 @@ class TrainConfig:
     def identity(self) -> dict[str, Any]:
         """The fields a checkpoint must match to be resumed: all that changes the numbers."""
         d = dataclasses.asdict(self)
-        for k in ("rounds", "device", "out", "data"):
+        for k in ("rounds", "device", "out", "data", "executor", "chunk_clients"):
             d.pop(k)
+        if d["precision"] == "fp32":  # fp32 checkpoints from before the option still resume
+            d.pop("precision")
         return d
 
 

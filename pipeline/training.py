@@ -19,7 +19,7 @@ from pipeline import run_files as rf
 from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.shards import FederatedData, data_digest, load_federated
-from pipeline.engine import LocalResult, LocalTask, SequentialExecutor
+from pipeline.engine import BatchedExecutor, LocalResult, LocalTask, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
 from pipeline.evaluate import evaluate_round, omega_table, per_sample_losses
@@ -48,11 +48,10 @@ def local_seed(seed: int, round_: int, client: int) -> int:
 
 
 def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3)."""
     shape = tuple(data.manifest["image_shape"])
     model = build_model(shape, data.num_classes, config.model, config.pretrained, config.norm)
-    return SequentialExecutor(
-        model,
-        device,
+    sgd = dict(
         lr=config.lr,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
@@ -60,6 +59,12 @@ def make_executor(config: TrainConfig, data: FederatedData, device: torch.device
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
     )
+    batched = config.executor == "batched" or (config.executor == "auto" and device.type == "cuda")
+    if batched:
+        return BatchedExecutor(
+            model, device, **sgd, chunk_tasks=config.chunk_clients, precision=config.precision
+        )
+    return SequentialExecutor(model, device, **sgd)
 
 
 def initial_models(
@@ -107,7 +112,9 @@ def train_round(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
     algorithm.begin_round(models)
-    loss_sum, seen = 0.0, 0
+    # Every client's E-step first (Alg. 1 line 5): a client's assignment depends only on the
+    # models received, so collecting all tasks before training gives the per-client numbers.
+    jobs, owners = [], []
     for client in sampled:
         rows = data.train_slices[client]
         x, y = data.images[rows], data.labels[rows]
@@ -117,17 +124,23 @@ def train_round(
         gamma = algorithm.assign(client, losses, y)  # E-step / assignment (Alg. 1 line 5)
         for task in algorithm.local_tasks(client, gamma.detach(), models, raw):
             momentum.attach(client, task, models.device)
-            try:
-                result = executor.train(task, x, y, local_seed(config.seed, round_, client))
-            except NonFiniteLoss as e:
-                raise FedrcError(
-                    f"round {round_}, client {client}, model {task.model}: {e} — training "
-                    f"diverged; lower --lr (now {config.lr})"
-                ) from None
-            momentum.keep(client, task, result)
-            algorithm.receive(client, task, result, y.numel())
-            loss_sum += result.loss_sum
-        seen += y.numel() * config.local_epochs
+            jobs.append((task, x, y, local_seed(config.seed, round_, client)))
+            owners.append(client)
+    try:
+        results = executor.train_many(jobs)  # local training (Alg. 1 lines 6-7), batched or not
+    except NonFiniteLoss as e:
+        client, task = owners[e.index], jobs[e.index][0]
+        raise FedrcError(
+            f"round {round_}, client {client}, model {task.model}: {e} — training "
+            f"diverged; lower --lr (now {config.lr})"
+        ) from None
+    loss_sum = 0.0
+    for client, (task, _, y, _), result in zip(owners, jobs, results):
+        momentum.keep(client, task, result)
+        algorithm.receive(client, task, result, y.numel())
+        loss_sum += result.loss_sum
+    seen = sum(data.train_slices[c].stop - data.train_slices[c].start for c in sampled)
+    seen *= config.local_epochs
     models = algorithm.aggregate(models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
     algorithm.end_round()
     row = {"train_loss": loss_sum / max(seen, 1), "clients": len(sampled)}

@@ -5,7 +5,8 @@ floating-point buffers such as BatchNorm statistics), so aggregation is a weight
 a checkpoint is one tensor.
 """
 
+from pipeline.engine.batched import BatchedExecutor
 from pipeline.engine.sequential import SequentialExecutor
 from pipeline.engine.task import LocalResult, LocalTask
 
-__all__ = ["LocalResult", "LocalTask", "SequentialExecutor"]
+__all__ = ["BatchedExecutor", "LocalResult", "LocalTask", "SequentialExecutor"]

@@ -21,7 +21,14 @@ def as_input(images: torch.Tensor) -> torch.Tensor:
 
 
 class NonFiniteLoss(ArithmeticError):
-    """A local training produced a NaN or infinite loss (usually: learning rate too large)."""
+    """A local training produced a NaN or infinite loss (usually: learning rate too large).
+
+    `index`: the position of the failing job in a `train_many` call.
+    """
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class SequentialExecutor:
@@ -93,6 +100,18 @@ class SequentialExecutor:
         """Per-sample cross-entropy of every model: (N, K)."""
         logits = self.logits(models, images)
         return torch.stack([F.cross_entropy(z, labels, reduction="none") for z in logits], 1)
+
+    def train_many(
+        self, jobs: list[tuple[LocalTask, torch.Tensor, torch.Tensor, int]]
+    ) -> list[LocalResult]:
+        """`train` for every (task, images, labels, seed) job, in order."""
+        results = []
+        for index, (task, images, labels, seed) in enumerate(jobs):
+            try:
+                results.append(self.train(task, images, labels, seed))
+            except NonFiniteLoss as e:
+                raise NonFiniteLoss(str(e), index=index) from None
+        return results
 
     def train(
         self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int

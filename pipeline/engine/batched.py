@@ -1,0 +1,371 @@
+"""The batched executor: many local trainings (clients × models) as one computation.
+
+The tasks' parameters are stacked along a new leading dimension and one module is run on all of
+them at once with `torch.func.functional_call` inside `torch.func.vmap`; autograd over the
+vmapped loss gives every task its own gradient (the tasks share nothing, so the gradient of the
+sum is the stack of the gradients). SGD with momentum, weight decay and the proximal pull is
+written out on the stacked tensors with the same operations as `torch.optim.SGD`, so the numbers
+equal the sequential executor's up to float rounding (tests/test_batched.py).
+
+How the tasks are kept apart (DESIGN.md principle 3):
+
+- Batches. Every task draws its batch order from its own `torch.Generator().manual_seed(seed)`
+  exactly like the sequential executor, so both see the same batches. The whole schedule is
+  built on the host before training and moved to the device once: no host syncs in the loop.
+- Different sizes. At global step j a task is *active* if it still has a batch; active tasks
+  are grouped by the length of their batch (usually one group: every full batch; the final
+  partial batches form small extra groups). Each group is one vmapped forward, so no sample is
+  padded and BatchNorm's batch statistics are those of the task's real batch.
+- Masking. A task with no batch at step j is *masked*: its parameters, momentum buffer and
+  BatchNorm running statistics are left exactly as they were (weight decay, the proximal pull
+  and momentum would otherwise keep moving it).
+- BatchNorm. Floating-point buffers are stacked like the parameters and passed to
+  `functional_call`; the training-mode forward updates each task's running statistics in place.
+- Dropout draws different masks per task (`randomness="different"`), from the global generator
+  in another order than the sequential executor: models with dropout (MobileNetV2's head) do not
+  match it number for number.
+- Memory. Tasks are trained in chunks of `chunk_tasks`; by default the chunk is sized from the
+  free GPU memory with a conservative estimate per task, and a modest fixed size on the CPU.
+- Precision. `precision="bf16"` runs forward and backward under CUDA autocast (bfloat16); the
+  parameters, momentum and the update stay float32. Ignored on the CPU.
+
+On a CPU this is slower than the sequential loop (NOTES §6); `executor: auto` picks it only on
+CUDA. On a CPU shared by several runs, give each process one thread (`OMP_NUM_THREADS=1` or
+`torch.set_num_threads(1)`); the executor does not change torch's global thread settings.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from pipeline.engine.sequential import NonFiniteLoss, SequentialExecutor, as_input
+from pipeline.engine.task import LocalResult, LocalTask
+
+CPU_CHUNK = 32  # tasks per chunk on the CPU, where batching is only for tests and comparisons
+GPU_INFERENCE_CHUNK = 2048  # images per vmapped inference pass on a GPU
+MEMORY_SHARE = 0.5  # of the free GPU memory that the automatic chunk size plans to use
+
+Job = tuple[LocalTask, torch.Tensor, torch.Tensor, int]  # (task, images, labels, seed)
+
+
+class BatchedExecutor(SequentialExecutor):
+    """Same contract as `SequentialExecutor` (flat models, `train`, `logits`, `losses`), with
+    `train_many` and `logits` vectorised over tasks / model rows.
+
+    `chunk_tasks`: local trainings run at once (None: from free GPU memory, `CPU_CHUNK` on a
+    CPU). `precision`: "fp32" (default) or "bf16" (CUDA autocast).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+        batch_size: int,
+        local_epochs: int,
+        drop_last: bool,
+        chunk_tasks: int | None = None,
+        precision: str = "fp32",
+    ) -> None:
+        super().__init__(
+            model,
+            device,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            batch_size=batch_size,
+            local_epochs=local_epochs,
+            drop_last=drop_last,
+        )
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision: expected fp32 or bf16, got {precision!r}")
+        self.lr, self.weight_decay = lr, weight_decay
+        self.chunk_tasks = chunk_tasks
+        self.bf16 = precision == "bf16" and self.device.type == "cuda"
+        self.param_names = [n for n, _ in self.model.named_parameters()]
+        self.buffer_names = [n for n, b in self.model.named_buffers() if b.is_floating_point()]
+        self.shapes = [t.shape for t in self.tensors]
+
+    # --- stacked flat vectors ↔ dictionaries of stacked tensors ---------------------------
+    def _unflatten(self, flat: torch.Tensor) -> tuple[dict, dict]:
+        """(T, P) flat rows → ({name: (T, *shape)} parameters, {name: (T, *shape)} buffers)."""
+        sizes = [s.numel() for s in self.shapes]
+        parts = [
+            v.reshape(flat.shape[0], *s).contiguous()
+            for v, s in zip(flat.split(sizes, dim=1), self.shapes)
+        ]
+        k = len(self.param_names)
+        return dict(zip(self.param_names, parts[:k])), dict(zip(self.buffer_names, parts[k:]))
+
+    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(t.shape[0], -1) for t in tensors], dim=1)
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16)
+
+    # --- inference ------------------------------------------------------------------------
+    def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """Logits of every model row on every image (K, N, classes), the rows vmapped."""
+        self.model.eval()
+        params, buffers = self._unflatten(models.to(self.device))
+
+        def one(p, b, x):
+            return functional_call(self.model, (p, b), (x,))
+
+        batched = vmap(one, in_dims=(0, 0, None))
+        step = GPU_INFERENCE_CHUNK if self.device.type == "cuda" else 256
+        with torch.no_grad(), self._autocast():
+            out = [
+                batched(params, buffers, as_input(images[s : s + step])).float()
+                for s in range(0, images.shape[0], step)
+            ]
+        if not out:
+            return torch.zeros(models.shape[0], 0, 0, device=self.device)
+        return torch.cat(out, dim=1)
+
+    # --- training -------------------------------------------------------------------------
+    def train(
+        self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int
+    ) -> LocalResult:
+        return self.train_many([(task, images, labels, seed)])[0]
+
+    def train_many(self, jobs: list[Job]) -> list[LocalResult]:
+        """Every job's local SGD, in chunks of tasks; results in the order of `jobs`.
+
+        Raises `NonFiniteLoss` (with `.index`, the first bad job) after a chunk in which some
+        task's loss was not finite.
+        """
+        if not jobs:
+            return []
+        size = self.chunk_tasks or self.auto_chunk(jobs[0][1])
+        results: list[LocalResult] = []
+        for first in range(0, len(jobs), size):
+            results += self._train_chunk(jobs[first : first + size], first)
+        return results
+
+    def _schedule(self, jobs: list[Job]):
+        """The batches of every task, grouped per global step, built on the host.
+
+        Returns one list per step of (batch length L, task ids (G,), sample positions (G, L)
+        within each task's own data) and an (steps, tasks) mask of the tasks that take a step.
+        """
+        per_task = []
+        for _, _, labels, seed in jobs:
+            gen = torch.Generator().manual_seed(seed)  # as in SequentialExecutor.train
+            n, b = labels.shape[0], self.batch_size
+            stop = n - n % b if self.drop_last and n >= b else n
+            batches = []
+            for _ in range(self.local_epochs):
+                order = torch.randperm(n, generator=gen)
+                batches += [order[s : min(s + b, stop)] for s in range(0, stop, b)]
+            per_task.append(batches)
+        steps = []
+        mask = torch.zeros(max(map(len, per_task)), len(jobs), dtype=torch.bool)
+        for j in range(mask.shape[0]):
+            groups: dict[int, list[int]] = {}
+            for t, batches in enumerate(per_task):
+                if j < len(batches):
+                    groups.setdefault(batches[j].numel(), []).append(t)
+                    mask[j, t] = True
+            steps.append(
+                [
+                    (length, torch.tensor(ts), torch.stack([per_task[t][j] for t in ts]))
+                    for length, ts in groups.items()
+                ]
+            )
+        return steps, mask
+
+    def _pool(self, jobs: list[Job]):
+        """The chunk's data once on the device: the images and labels of each distinct client
+        (K tasks of one client share them), and every task's weights and logit offsets
+        one after another. Returns the tensors and each task's first image row and first
+        weight row."""
+        images, labels, where, image_base, weight_base = [], [], {}, [], []
+        rows = weights = 0
+        for _, x, y, _ in jobs:
+            key = (x.data_ptr(), y.data_ptr(), x.shape[0])
+            if key not in where:
+                where[key] = rows
+                images.append(x)
+                labels.append(y)
+                rows += x.shape[0]
+            image_base.append(where[key])
+            weight_base.append(weights)
+            weights += x.shape[0]
+        tasks = [job[0] for job in jobs]
+        w = torch.cat([t.weights.to(self.device) for t in tasks])
+        offsets = None
+        if any(t.offset is not None for t in tasks):
+            classes = next(t.offset.shape[1] for t in tasks if t.offset is not None)
+            offsets = torch.cat(
+                [
+                    t.offset.to(self.device, torch.float32)
+                    if t.offset is not None
+                    else torch.zeros(len(t.weights), classes, device=self.device)
+                    for t in tasks
+                ]
+            )
+        x = torch.cat(images).to(self.device)
+        y = torch.cat(labels).to(self.device)
+        bases = torch.tensor([image_base, weight_base]).to(self.device)
+        return x, y, w, offsets, bases
+
+    def _stack(self, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        """(trainable,) rows → per-parameter stacked tensors (T, *shape)."""
+        flat = torch.stack([r[: self.num_trainable].to(self.device) for r in rows])
+        return [
+            v.reshape(len(rows), *s).contiguous() for v, s in zip(self._split(flat), self.shapes)
+        ]
+
+    def _train_chunk(self, jobs: list[Job], first: int) -> list[LocalResult]:
+        tasks = [job[0] for job in jobs]
+        count, dev = len(jobs), self.device
+        x_pool, y_pool, w_pool, o_pool, bases = self._pool(jobs)
+        steps, mask = self._schedule(jobs)
+        # One transfer of the whole schedule; the loop below only slices it on the device.
+        flat_ids = [ids for step in steps for _, ids, _ in step]
+        flat_pos = [pos.reshape(-1) for step in steps for _, _, pos in step]
+        ids_dev = torch.cat(flat_ids).to(dev)
+        pos_dev = torch.cat(flat_pos).to(dev)
+        mask_dev = mask.to(dev)
+
+        params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(dev))
+        params, buffers = list(params.values()), list(buffers.values())
+        bufs = None
+        if self.momentum != 0:  # a fresh buffer is zero: 0·m + d = d, torch's first step exactly
+            zero = torch.zeros(self.num_trainable, device=dev)
+            bufs = self._stack([zero if t.momentum is None else t.momentum for t in tasks])
+        prox = [t.anchor is not None and t.mu != 0 for t in tasks]
+        anchors = mus = None
+        if any(prox):
+            anchors = self._stack([t.anchor if p else t.start for t, p in zip(tasks, prox)])
+            mus = torch.tensor([t.mu if p else 0.0 for t, p in zip(tasks, prox)], device=dev)
+
+        self.model.train()
+        names, bnames = self.param_names, self.buffer_names
+
+        def loss(p, b, x, y, w, o):
+            out = functional_call(self.model, (dict(zip(names, p)), dict(zip(bnames, b))), (x,))
+            if o is not None:
+                out = out + o
+            return (w * F.cross_entropy(out.float(), y, reduction="none")).sum()
+
+        with_offset = vmap(loss, randomness="different")
+        without = vmap(loss, in_dims=(0, 0, 0, 0, 0, None), randomness="different")
+        total = torch.zeros(count, dtype=torch.float64, device=dev)
+        at_ids = at_pos = 0
+        for j, step in enumerate(steps):
+            leaves = [p.detach().requires_grad_() for p in params]
+            objective = 0.0
+            for length, ids, _ in step:
+                size = ids.numel()
+                ids_d = ids_dev[at_ids : at_ids + size]
+                pos = pos_dev[at_pos : at_pos + size * length].view(size, length)
+                at_ids, at_pos = at_ids + size, at_pos + size * length
+                full = size == count  # every task, in order
+                p_g = leaves if full else [p[ids_d] for p in leaves]
+                b_g = buffers if full else [b[ids_d] for b in buffers]
+                rows = pos + bases[0, ids_d, None]  # into the image pool
+                cols = pos + bases[1, ids_d, None]  # into the weights and offsets
+                x, y, w = as_input(x_pool[rows]), y_pool[rows], w_pool[cols]
+                with self._autocast():
+                    if o_pool is None:
+                        weighted = without(p_g, b_g, x, y, w, None)
+                    else:
+                        weighted = with_offset(p_g, b_g, x, y, w, o_pool[cols])
+                if not full:  # the running statistics this group's forward updated
+                    for b, new in zip(buffers, b_g):
+                        b.index_copy_(0, ids_d, new)
+                total.index_add_(0, ids_d, weighted.detach().double())
+                objective = objective + (weighted / length).sum()
+            grads = torch.autograd.grad(objective, leaves, allow_unused=True)
+            masked = None if bool(mask[j].all()) else mask_dev[j]
+            params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked)
+
+        bad = ~torch.isfinite(total)  # one check per chunk, not per step
+        if bool(bad.any()):
+            index = int(bad.nonzero()[0])
+            raise NonFiniteLoss(f"local loss {float(total[index])}", index=first + index)
+        trained = self._flatten([p.detach() for p in params] + buffers)
+        sums = total.tolist()
+        momentum = self._flatten(bufs) if bufs is not None else None
+        out = []
+        for t, task in enumerate(tasks):
+            m = None
+            if task.momentum is not None:  # momentum 0: torch.optim.SGD leaves the buffer be
+                m = momentum[t] if momentum is not None else task.momentum.to(dev).clone()
+            out.append(LocalResult(trained[t], sums[t], m))
+        return out
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """(T, trainable) rows cut into per-parameter (T, numel) pieces."""
+        sizes = [s.numel() for s in self.shapes[: len(self.param_names)]]
+        return list(flat[:, : sum(sizes)].split(sizes, dim=1))
+
+    def _sgd(self, params, grads, bufs, anchors, mus, mask):
+        """torch.optim.SGD's step on stacked tensors; rows where `mask` is False keep their
+        parameters and momentum. A parameter without a gradient is skipped, as torch does."""
+        new_params, new_bufs = [], []
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(params, grads)):
+                p = p.detach()
+                if g is None:
+                    new_params.append(p)
+                    if bufs is not None:
+                        new_bufs.append(bufs[i])
+                    continue
+                d = g
+                if anchors is not None:  # gradient of (μ/2)‖w − anchor‖²
+                    d = d + mus.view(-1, *[1] * (p.dim() - 1)) * (p - anchors[i])
+                if self.weight_decay != 0:
+                    d = d.add(p, alpha=self.weight_decay)
+                if bufs is not None:
+                    buf = bufs[i].mul(self.momentum).add_(d)
+                    d = buf
+                new = p.add(d, alpha=-self.lr)
+                if mask is not None:
+                    keep = mask.view(-1, *[1] * (p.dim() - 1))
+                    new = torch.where(keep, new, p)
+                    if bufs is not None:
+                        buf = torch.where(keep, buf, bufs[i])
+                new_params.append(new)
+                if bufs is not None:
+                    new_bufs.append(buf)
+        return new_params, (new_bufs if bufs is not None else None)
+
+    # --- memory ---------------------------------------------------------------------------
+    def auto_chunk(self, images: torch.Tensor) -> int:
+        """Tasks per chunk: `CPU_CHUNK` on a CPU; on CUDA, MEMORY_SHARE of the free memory
+        over a conservative per-task estimate (fp32 parameters, gradient, momentum, anchor,
+        update and a stacked copy: 6×; activations kept for backward: 3× the outputs of every
+        module for one batch)."""
+        if self.device.type != "cuda":
+            return CPU_CHUNK
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_task = 4 * (6 * self.num_params + 3 * self.batch_size * self._activations(images))
+        return max(1, int(MEMORY_SHARE * free // per_task))
+
+    def _activations(self, images: torch.Tensor) -> int:
+        """Elements output by all leaf modules for one sample."""
+        count = [0]
+
+        def hook(module, args, output):
+            if isinstance(output, torch.Tensor):
+                count[0] += output[0].numel()
+
+        leaves = [m for m in self.model.modules() if not list(m.children())]
+        handles = [m.register_forward_hook(hook) for m in leaves]
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                self.model(as_input(images[:1].to(self.device)))
+        finally:
+            for h in handles:
+                h.remove()
+        return count[0]
