@@ -8,15 +8,17 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline.config import PartitionConfig
+from pipeline.data.client_mix import client_types, mix_groups
+from pipeline.data.concepts import parse_concept
+from pipeline.data.label_splits import sequential_dirichlet_split
+from pipeline.data.loaders.idx import DEBIAN_FMNIST, load_fmnist, read_idx
 from pipeline.data.shards import load_federated, read_manifest
-from pipeline.data.shifts import apply_concept, client_types, sequential_dirichlet_split
-from pipeline.data.sources import DEBIAN_FMNIST, load_fmnist, read_idx
 from pipeline.errors import FedrcError
 from pipeline.stages import partition_stage
 
 
 def test_paper_client_mix_shares() -> None:
-    concept, corrupted = client_types(300, "paper", np.random.default_rng(0))
+    concept, corrupted = client_types(300, mix_groups("paper", 3), np.random.default_rng(0))
     groups = Counter(zip(concept.tolist(), corrupted.tolist()))
     assert groups == {
         (0, False): 90,
@@ -29,16 +31,53 @@ def test_paper_client_mix_shares() -> None:
 
 
 def test_reference_client_mix_shares() -> None:
-    concept, corrupted = client_types(300, "reference", np.random.default_rng(0))
+    concept, corrupted = client_types(300, mix_groups("reference", 3), np.random.default_rng(0))
     assert Counter(concept.tolist()) == {0: 120, 1: 90, 2: 90}
     assert corrupted.sum() == 120
 
 
+def relabel(spec: str, y: np.ndarray, seed: int = 0) -> np.ndarray:
+    return parse_concept(spec).relabel(y, 10, np.random.default_rng(seed))
+
+
 def test_concept_label_maps() -> None:
     y = np.arange(10)
-    assert apply_concept(y, 0, 10).tolist() == y.tolist()
-    assert apply_concept(y, 1, 10).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
-    assert apply_concept(y, 2, 10).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    assert relabel("identity", y).tolist() == y.tolist()
+    assert relabel("reverse", y).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+    assert relabel("shift", y).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    assert relabel("shift:3", y).tolist() == [3, 4, 5, 6, 7, 8, 9, 0, 1, 2]
+    perm = relabel("permutation", y)
+    assert sorted(perm.tolist()) == y.tolist() and perm.tolist() != y.tolist()
+    assert relabel("permutation", y, seed=9).tolist() == perm.tolist()  # its own seed only
+    assert relabel("permutation:1", y).tolist() != perm.tolist()
+
+
+@pytest.mark.parametrize("kind", ["pair_flip", "symmetric"])
+def test_label_noise_flips_exactly_sigma(kind: str) -> None:
+    y = np.repeat(np.arange(10), 100)
+    noisy = relabel(f"{kind}:0.3", y)
+    flipped = noisy != y
+    assert flipped.sum() == 300
+    if kind == "pair_flip":
+        assert (noisy[flipped] == (y[flipped] + 1) % 10).all()
+    else:  # uniformly random other classes: many different offsets
+        assert len(np.unique((noisy[flipped] - y[flipped]) % 10)) == 9
+    assert (relabel(f"{kind}:0.3", y, seed=1) != noisy).any()  # fresh per client
+    assert (relabel(kind, y) != y).sum() == 200  # σ = 0.2 by default (Table 13)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("flip", "unknown label map"),
+        ("reverse:2", "takes no parameter"),
+        ("shift:x", "expected an integer"),
+        ("pair_flip:1.5", "noise rate"),
+    ],
+)
+def test_bad_concepts_are_named(spec: str, message: str) -> None:
+    with pytest.raises(FedrcError, match=f"partition.concepts.*{message}"):
+        parse_concept(spec)
 
 
 def test_sequential_dirichlet_quotas_disjoint_and_skewed() -> None:
@@ -78,7 +117,7 @@ def test_partition_statistics(tiny_data: Path) -> None:
     concept = table.column("concept").to_numpy()
     for c in range(3):
         mask = concept == c
-        assert (label[mask] == apply_concept(true[mask], c, 10)).all()
+        assert (label[mask] == relabel(["identity", "reverse", "shift"][c], true[mask])).all()
     # held-out clients: class-balanced
     held_ids = [c["client_id"] for c in held]
     hist = np.asarray(held[0]["label_histogram"]) + np.bincount(
