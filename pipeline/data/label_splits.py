@@ -114,12 +114,17 @@ def iid_split(
 
 
 def _divide(
-    pool: np.ndarray, labels: np.ndarray, num_classes: int, parts: int, alpha: float, rng
+    pool: np.ndarray,
+    labels: np.ndarray,
+    num_classes: int,
+    parts: int,
+    alpha: float,
+    rng: np.random.Generator,
 ) -> list[np.ndarray]:
     """Each class of `pool` divided over `parts` by proportions drawn from Dir(α · 1)."""
     pieces: list[list[np.ndarray]] = [[] for _ in range(parts)]
     for c in range(num_classes):
-        members = rng.permutation(np.flatnonzero(labels == c))
+        members = rng.permutation(pool[labels[pool] == c])
         p = _dirichlet(np.full(parts, alpha), rng)
         cuts = (np.cumsum(p)[:-1] * members.size).astype(int)
         for piece, chunk in zip(pieces, np.split(members, cuts)):
