@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.loaders.raw import RawDataset, download_root
+from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
 from pipeline.errors import FedrcError
 
 TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
@@ -78,8 +78,9 @@ def load_cifar(name: str, data_root: str | None) -> RawDataset:
         return found
     cls = _torchvision_class(name)
     try:
-        for train in (True, False):
-            cls(str(root), train=train, download=True)
+        with cleanup_on_failure(root):
+            for train in (True, False):
+                cls(str(root), train=train, download=True)
     except Exception as e:  # torchvision raises several kinds of network errors
         raise FedrcError(
             f"--data-root: {TITLES[name]} not found in {root / cls.base_folder} and the download "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.loaders.raw import RawDataset, download_root
+from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
 from pipeline.errors import FedrcError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -91,11 +91,13 @@ def load_idx_dataset(name: str, data_root: str | None) -> RawDataset:
             return found
     root = Path(download_root(data_root))
     try:
-        _download(name, root)
+        with cleanup_on_failure(root):
+            _download(name, root)
     except Exception as e:  # torchvision raises several kinds of network errors
-        where = ", ".join(str(d) for d in [*searched, *system]) or "nowhere (no --data-root)"
+        places = ", ".join(str(d) for d in [*searched, *system])
+        where = f"in {places}" if places else "(no --data-root given)"
         raise FedrcError(
-            f"--data-root: {title} not found in {where} and the download failed "
+            f"--data-root: {title} not found {where} and the download failed "
             f"({type(e).__name__}); pass --data-root DIR with the four IDX files"
         ) from None
     found = _idx_from(name, root)

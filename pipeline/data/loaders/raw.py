@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -25,3 +29,17 @@ class RawDataset:
 def download_root(data_root: str | None) -> str:
     """Where a torchvision download goes: `--data-root`, else `data/raw`."""
     return data_root or "data/raw"
+
+
+@contextmanager
+def cleanup_on_failure(root: Path) -> Iterator[None]:
+    """Around a download: if it fails, remove the folders it created for `root`."""
+    first_new = None if root.exists() else root
+    while first_new is not None and not first_new.parent.exists():
+        first_new = first_new.parent
+    try:
+        yield
+    except BaseException:
+        if first_new is not None:
+            shutil.rmtree(first_new, ignore_errors=True)
+        raise

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from pipeline.data.loaders.raw import RawDataset, download_root
+from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
 from pipeline.errors import FedrcError
 
 FOLDER = "tiny-imagenet-200"
@@ -78,7 +78,8 @@ def load_tiny_imagenet(data_root: str | None) -> RawDataset:
     try:
         from torchvision.datasets.utils import download_and_extract_archive
 
-        download_and_extract_archive(URL, str(root), md5=MD5)
+        with cleanup_on_failure(root):
+            download_and_extract_archive(URL, str(root), md5=MD5)
     except Exception as e:  # network errors of several kinds
         raise FedrcError(
             f"--data-root: Tiny-ImageNet not found in {root / FOLDER} and the download failed "
