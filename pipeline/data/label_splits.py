@@ -1,7 +1,8 @@
 """Label shift: which training samples each participating client gets.
 
 - `sequential_dirichlet`: the FedRC benchmark's scheme (appendix H.8, NOTES §4).
-- `dirichlet`: the textbook split, each class divided over clients by Dir(α · 1) (Hsu et al.).
+- `dirichlet`: the textbook split, each class divided over clients by Dir(α · 1) (Hsu et al.;
+  NIID-Bench's cap on clients that already hold their even share).
 - `n_class`: every client holds `classes_per_client` classes (McMahan et al.; Fed-CAM n-class(n)).
 - `cluster_dirichlet`: Fed-CAM's cluster-wise Dir(α, α_within) (NOTES §3): each class divided over
   `label_groups` groups by Dir(α · 1), then within a group over its clients by Dir(α_within · 1).
@@ -121,14 +122,21 @@ def _divide(
     alpha: float,
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
-    """Each class of `pool` divided over `parts` by proportions drawn from Dir(α · 1)."""
+    """Each class of `pool` divided over `parts` by proportions drawn from Dir(α · 1).
+
+    As in NIID-Bench (Li et al., 2022), a part that already holds its even share of the pool
+    gets no more, which keeps small α from starving most parts.
+    """
     pieces: list[list[np.ndarray]] = [[] for _ in range(parts)]
+    sizes = np.zeros(parts)
     for c in range(num_classes):
         members = rng.permutation(pool[labels[pool] == c])
-        p = _dirichlet(np.full(parts, alpha), rng)
+        p = _dirichlet(np.full(parts, alpha), rng) * (sizes < pool.size / parts)
+        p = p / p.sum() if p.sum() > 0 else np.full(parts, 1 / parts)
         cuts = (np.cumsum(p)[:-1] * members.size).astype(int)
-        for piece, chunk in zip(pieces, np.split(members, cuts)):
-            piece.append(chunk)
+        for j, chunk in enumerate(np.split(members, cuts)):
+            pieces[j].append(chunk)
+            sizes[j] += chunk.size
     return [np.sort(np.concatenate(p)) for p in pieces]
 
 
