@@ -21,10 +21,11 @@ from pipeline.errors import FedrcError
 
 
 def grey_images(n: int) -> tuple[np.ndarray, str]:
-    from pipeline.data.sources import load_fmnist, make_synthetic
+    from pipeline.data.loaders import load_dataset
+    from pipeline.data.loaders.synthetic import make_synthetic
 
     try:
-        return load_fmnist(None).test_images[:n], "Fashion-MNIST 28×28"
+        return load_dataset("fmnist", None).test_images[:n], "Fashion-MNIST 28×28"
     except FedrcError:
         return make_synthetic().test_images[:n], "synthetic 16×16"
 
@@ -60,12 +61,12 @@ def time_suite(images: np.ndarray, names: list[str], total: int) -> dict[str, fl
 def time_partition() -> None:
     from pipeline.config import PartitionConfig
     from pipeline.data.benchmark import build_clients
-    from pipeline.data.sources import load_fmnist
+    from pipeline.data.loaders import load_dataset
 
-    raw = load_fmnist(None)
+    raw = load_dataset("fmnist", None)
     config = PartitionConfig(dataset="fmnist", clients=300)
     start = time.perf_counter()
-    clients = build_clients(config, raw)
+    clients = list(build_clients(config, raw))
     seconds = time.perf_counter() - start
     corrupted = [c for c in clients if c.style != "none"]
     images = sum(len(c.images) for c in corrupted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from fedrc_cli.evaluate import evaluate
+from fedrc_cli.info import info
 from fedrc_cli.partition import partition
 from fedrc_cli.plot import plot
 from fedrc_cli.train import train
@@ -22,6 +23,7 @@ app.command(no_args_is_help=False)(partition)
 app.command(no_args_is_help=False)(train)
 app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
+app.command(no_args_is_help=True)(info)
 
 
 def main() -> None:

@@ -3,48 +3,115 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from fedrc_cli.common import ParamsOption, console, load_config, split_list, user_errors
+from fedrc_cli.info import render
 from pipeline.config import PartitionConfig
+from pipeline.data.describe import describe
+from pipeline.errors import FedrcError
 from pipeline.stages import partition_stage
+
+
+def _numbers(option: str, value: str | None) -> list[float] | None:
+    try:
+        return None if value is None else [float(x) for x in split_list(value) or []]
+    except ValueError:
+        raise FedrcError(f"{option}: expected comma-separated numbers, got {value!r}") from None
 
 
 def partition(
     dataset: Annotated[
-        str | None, typer.Option(help="fmnist or synthetic (built in, no files needed).")
+        str | None,
+        typer.Option(
+            help="fmnist, mnist, cifar10, cifar100, tinyimagenet, or synthetic (built in)."
+        ),
     ] = None,
     data_root: Annotated[
         Path | None,
         typer.Option(
-            help="Folder with the dataset's raw files; then Debian's "
-            "/usr/share/datasets/fashion-mnist, then a torchvision download."
+            help="Folder with the dataset's files (IDX files, cifar-10-batches-py/, "
+            "cifar-100-python/, tiny-imagenet-200/); a torchvision download goes there too."
         ),
+    ] = None,
+    replicate: Annotated[
+        int | None, typer.Option(help="Repeat the training pool N times before splitting.")
     ] = None,
     clients: Annotated[int | None, typer.Option(help="Participating clients.")] = None,
     samples_per_client: Annotated[
         int | None,
         typer.Option(
-            help="Samples per client (train + test); default: the training set divided evenly."
+            help="Samples per client (train + test); default: the whole pool. Dirichlet splits: "
+            "the pool is clients × this, sizes vary."
+        ),
+    ] = None,
+    shifts: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated shifts to apply: label, feature, concept (all)."),
+    ] = None,
+    label_split: Annotated[
+        str | None,
+        typer.Option(
+            help="sequential_dirichlet (FedRC), dirichlet, n_class, cluster_dirichlet, "
+            "cluster_n_class (Fed-CAM)."
         ),
     ] = None,
     alpha: Annotated[
-        float | None, typer.Option(help="Concentration of the sequential Dirichlet label split.")
+        float | None,
+        typer.Option(help="Dirichlet concentration (cluster_dirichlet: across label groups)."),
+    ] = None,
+    alpha_within: Annotated[
+        float | None, typer.Option(help="cluster_dirichlet: concentration within a label group.")
+    ] = None,
+    classes_per_client: Annotated[
+        int | None, typer.Option(help="n_class, cluster_n_class: classes each client holds.")
+    ] = None,
+    label_groups: Annotated[
+        int | None, typer.Option(help="cluster_*: groups of clients sharing a label profile.")
+    ] = None,
+    group_classes: Annotated[
+        int | None, typer.Option(help="cluster_n_class: classes each label group holds.")
+    ] = None,
+    min_samples: Annotated[
+        int | None,
+        typer.Option(
+            help="Dirichlet splits: redraw (at most 100 times) until every client has it."
+        ),
+    ] = None,
+    concepts: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated label maps, one concept each: identity, reverse, shift[:s], "
+            "permutation[:seed], pair_flip[:σ], symmetric[:σ]."
+        ),
     ] = None,
     client_mix: Annotated[
         str | None,
         typer.Option(
-            help="Client types: 'paper' (30/20/25/25, appendix H.8) or 'reference' "
-            "(the authors' data scripts)."
+            help="Client types: paper (30/20/25/25), reference (authors' scripts), imbalanced "
+            "(8:1:1 concepts), custom (--client-shares)."
+        ),
+    ] = None,
+    client_shares: Annotated[
+        str | None,
+        typer.Option(
+            help="client-mix custom: [clean, corrupted] share per concept, comma-separated, sum 1."
         ),
     ] = None,
     styles: Annotated[
         str | None,
         typer.Option(
             help="Comma-separated corruptions to draw from (default: the dataset's suite)."
+        ),
+    ] = None,
+    holdout_corrupted: Annotated[
+        bool | None,
+        typer.Option(
+            "--holdout-corrupted/--holdout-clean",
+            help="Corrupt the non-participating clients too. [default: clean]",
+            show_default=False,
         ),
     ] = None,
     test_fraction: Annotated[
@@ -68,11 +135,22 @@ def partition(
             params,
             dataset=dataset,
             data_root=str(data_root) if data_root else None,
+            replicate=replicate,
             clients=clients,
             samples_per_client=samples_per_client,
+            shifts=split_list(shifts),
+            label_split=label_split,
             alpha=alpha,
+            alpha_within=alpha_within,
+            classes_per_client=classes_per_client,
+            label_groups=label_groups,
+            group_classes=group_classes,
+            min_samples=min_samples,
+            concepts=split_list(concepts),
             client_mix=client_mix,
+            client_shares=_numbers("--client-shares", client_shares),
             styles=split_list(styles),
+            holdout_corrupted=holdout_corrupted,
             test_fraction=test_fraction,
             holdout_samples=holdout_samples,
             seed=seed,
@@ -80,25 +158,7 @@ def partition(
         )
         with console.status(f"Partitioning {config.dataset} into {config.clients} clients…"):
             manifest = partition_stage(config)
-    console.print(summary_table(manifest))
-    console.print(f"Wrote [bold]{config.out}[/] (manifest.json + shards/)")
-
-
-def summary_table(manifest: dict[str, Any]) -> Table:
-    """Clients grouped by (participating, concept, corrupted), with their sample counts."""
-    sizes: dict[tuple, list[int]] = {}
-    for c in manifest["clients"]:
-        key = (c["participating"], manifest["concepts"][c["concept"]], c["style"] != "none")
-        sizes.setdefault(key, []).append(c["train_size"] + c["test_size"])
-    table = Table(title=f"{manifest['dataset']}: {len(manifest['clients'])} clients")
-    for name in ("clients", "concept", "corrupted", "count", "samples each"):
-        table.add_column(name)
-    for (participating, concept, corrupted), s in sorted(sizes.items(), reverse=True):
-        table.add_row(
-            "participating" if participating else "held-out",
-            concept,
-            "yes" if corrupted else "no",
-            str(len(s)),
-            str(s[0]) if min(s) == max(s) else f"{min(s)}–{max(s)}",
-        )
-    return table
+    console.print(render(describe(manifest)))
+    console.print(
+        f"Wrote [bold]{config.out}[/] (manifest.json + shards/); `fedrc info` shows this again"
+    )

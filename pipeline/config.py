@@ -11,7 +11,7 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,8 +19,6 @@ import yaml
 
 from pipeline.errors import FedrcError
 
-DATASETS = ("fmnist", "synthetic")
-CLIENT_MIXES = ("paper", "reference")
 ALGORITHMS = (
     "fedavg",
     "fedprox",
@@ -36,6 +34,7 @@ ALGORITHMS = (
 SINGLE_MODEL = ("fedavg", "fedprox")
 PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # algorithms that need mu > 0
 DEVICES = ("auto", "cpu", "cuda")
+SHIFTS = ("label", "feature", "concept")
 EXECUTORS = ("auto", "batched", "sequential")  # auto: sequential on a CPU, batched on CUDA
 PRECISIONS = ("fp32", "bf16")
 MODELS = ("cnn", "mobilenet_v2", "resnet18")
@@ -61,33 +60,97 @@ def _require(ok: bool, key: str, expected: str, value: Any) -> None:
         raise FedrcError(f"{key}: expected {expected}, got {value!r}")
 
 
+def _positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
 @dataclass(frozen=True)
 class PartitionConfig:
-    """How `fedrc partition` builds the federated benchmark (FedRC paper, appendix H.8)."""
+    """How `fedrc partition` builds the federated benchmark (FedRC appendix H.8, Fed-CAM §5).
+
+    The README's "Building benchmarks" lists every setting; `pipeline.data.label_splits`,
+    `concepts` and `client_mix` define them.
+    """
 
     dataset: str = "fmnist"
     data_root: str | None = None
+    replicate: int = 1  # the training pool repeated this many times before splitting
     clients: int = 300
     samples_per_client: int | None = None  # None: the training pool split evenly over clients
-    alpha: float = 1.0
+    shifts: list[str] = field(default_factory=lambda: list(SHIFTS))
+    label_split: str = "sequential_dirichlet"
+    alpha: float = 1.0  # Dirichlet concentration (cluster_dirichlet: across label groups)
+    alpha_within: float = 10.0  # cluster_dirichlet: concentration within a label group
+    classes_per_client: int = 2  # n_class, cluster_n_class
+    label_groups: int = 5  # cluster_dirichlet, cluster_n_class
+    group_classes: int = 3  # cluster_n_class: classes per label group
+    min_samples: int = 10  # dirichlet, cluster_dirichlet: redraw until every client has these
+    concepts: list[str] = field(default_factory=lambda: ["identity", "reverse", "shift"])
     client_mix: str = "paper"
+    client_shares: list[float] | None = None  # client_mix custom: [clean, corrupted] per concept
     styles: list[str] | None = None  # None: the dataset's whole suite (grey or colour)
+    holdout_corrupted: bool = False  # corrupt the non-participating clients too
     test_fraction: float = 0.1
     holdout_samples: int | None = None  # per non-participating client; None: whole test set
     seed: int = 0
     out: str = "data/federated"
 
     def validate(self) -> None:
+        from pipeline.data.client_mix import MIXES, check_shares
+        from pipeline.data.concepts import parse_concepts
+        from pipeline.data.label_splits import LABEL_SPLITS
+        from pipeline.data.loaders import NUM_CLASSES
+
         p = "partition"
-        _require(self.dataset in DATASETS, f"{p}.dataset", f"one of {DATASETS}", self.dataset)
+        names = tuple(NUM_CLASSES)
+        _require(self.dataset in names, f"{p}.dataset", f"one of {names}", self.dataset)
+        _require(self.replicate >= 1, f"{p}.replicate", "an integer >= 1", self.replicate)
         _require(self.clients >= 2, f"{p}.clients", "an integer >= 2", self.clients)
         spc = self.samples_per_client
         _require(spc is None or spc >= 2, f"{p}.samples_per_client", ">= 2 or null", spc)
+        for s in self.shifts:
+            _require(s in SHIFTS, f"{p}.shifts", f"names from {SHIFTS}", s)
         _require(
-            math.isfinite(self.alpha) and self.alpha > 0, f"{p}.alpha", "a number > 0", self.alpha
+            len(set(self.shifts)) == len(self.shifts), f"{p}.shifts", "no repeats", self.shifts
         )
-        mixes = CLIENT_MIXES
+        splits = LABEL_SPLITS
+        _require(
+            self.label_split in splits, f"{p}.label_split", f"one of {splits}", self.label_split
+        )
+        _require(_positive(self.alpha), f"{p}.alpha", "a number > 0", self.alpha)
+        _require(
+            _positive(self.alpha_within), f"{p}.alpha_within", "a number > 0", self.alpha_within
+        )
+        num_classes = NUM_CLASSES[self.dataset]
+        k, a = self.classes_per_client, self.group_classes
+        _require(
+            1 <= k <= num_classes,
+            f"{p}.classes_per_client",
+            f"an integer in [1, {num_classes}] ({self.dataset} has {num_classes} classes)",
+            k,
+        )
+        _require(
+            k <= a <= num_classes,
+            f"{p}.group_classes",
+            f"an integer in [classes_per_client = {k}, {num_classes}]",
+            a,
+        )
+        g = self.label_groups
+        if self.label_split.startswith("cluster_"):
+            _require(1 <= g <= self.clients, f"{p}.label_groups", "an integer in [1, clients]", g)
+        _require(self.min_samples >= 2, f"{p}.min_samples", "an integer >= 2", self.min_samples)
+        concepts = parse_concepts(self.concepts)
+        mixes = MIXES
         _require(self.client_mix in mixes, f"{p}.client_mix", f"one of {mixes}", self.client_mix)
+        if self.client_mix == "custom":
+            check_shares(self.client_shares, len(concepts))
+        else:
+            _require(
+                self.client_shares is None,
+                f"{p}.client_shares",
+                "null unless client_mix is custom",
+                self.client_shares,
+            )
         if self.styles is not None:
             _require(len(self.styles) > 0, f"{p}.styles", "a non-empty list or null", self.styles)
             self._validate_styles(self.styles)

@@ -10,10 +10,10 @@ import numpy as np
 
 from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
-from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig, config_dict
-from pipeline.data.benchmark import build_clients, build_manifest
-from pipeline.data.shards import data_digest, load_federated, read_manifest, write_shards
-from pipeline.data.sources import load_dataset
+from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
+from pipeline.data.benchmark import write_benchmark
+from pipeline.data.loaders import load_dataset
+from pipeline.data.shards import data_digest, load_federated, read_manifest
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
     all_logits,
@@ -23,7 +23,7 @@ from pipeline.evaluate import (
     score_clients,
     summarize,
 )
-from pipeline.io import atomic_dir, write_json
+from pipeline.io import write_json
 from pipeline.training import make_executor, resolve_device, run_training
 
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
@@ -31,13 +31,7 @@ __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train
 
 def partition_stage(config: PartitionConfig) -> dict[str, Any]:
     """Build the benchmark and write it to `config.out` in one atomic step; returns the manifest."""
-    raw = load_dataset(config.dataset, config.data_root)
-    clients = build_clients(config, raw)
-    manifest = build_manifest(config, raw, clients)
-    with atomic_dir(Path(config.out)) as tmp:
-        write_shards(tmp, clients, manifest)
-        (tmp / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
-    return read_manifest(Path(config.out))
+    return write_benchmark(config, load_dataset(config.dataset, config.data_root))
 
 
 def train_stage(config: TrainConfig, **kwargs: Any) -> Path:

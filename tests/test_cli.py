@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torchvision.datasets
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -54,7 +55,18 @@ def test_help(command: str) -> None:
 def test_top_level_help_lists_commands() -> None:
     result = invoke("--help")
     assert result.exit_code == 0
-    assert all(c in result.output for c in ("partition", "train", "eval", "plot"))
+    assert all(c in result.output for c in ("partition", "train", "eval", "plot", "info"))
+
+
+def test_info_describes_a_benchmark_as_tables_and_json() -> None:
+    assert invoke("info", "--help").exit_code == 0
+    assert invoke("partition", *TINY, "--label-split", "n_class", "--out", "d").exit_code == 0
+    tables = invoke("info", "d")
+    assert tables.exit_code == 0 and "clients by style and concept" in tables.output
+    described = json.loads(invoke("info", "d", "--json").output)
+    assert described["participating"] == 12 and described["label_split"] == "n_class"
+    assert described["label_heterogeneity"]["classes_per_client"]["max"] == 2
+    assert_one_line_error(invoke("info", "nowhere"), "manifest.json")
 
 
 def assert_one_line_error(result, culprit: str) -> None:
@@ -83,6 +95,39 @@ def assert_one_line_error(result, culprit: str) -> None:
             "--clients",
         ),
         (["partition", *TINY, "--styles", "fog"], "partition.styles"),
+        (["partition", *TINY, "--dataset", "svhn"], "partition.dataset"),
+        (["partition", *TINY, "--replicate", "0"], "partition.replicate"),
+        (["partition", *TINY, "--label-split", "shards"], "partition.label_split"),
+        (["partition", *TINY, "--alpha-within", "0"], "partition.alpha_within"),
+        (["partition", *TINY, "--classes-per-client", "11"], "partition.classes_per_client"),
+        (["partition", *TINY, "--group-classes", "1"], "partition.group_classes"),
+        (["partition", *TINY, "--label-groups", "13"], "partition.label_groups"),
+        (["partition", *TINY, "--shifts", "label,style"], "partition.shifts"),
+        (["partition", *TINY, "--concepts", "identity,mirror"], "partition.concepts"),
+        (["partition", *TINY, "--concepts", "shift,shift"], "partition.concepts"),
+        (["partition", *TINY, "--client-mix", "lopsided"], "partition.client_mix"),
+        (
+            ["partition", *TINY, "--client-mix", "custom", "--client-shares", "0.5,0.2,0.2,0,0,0"],
+            "partition.client_shares",
+        ),
+        (["partition", *TINY, "--client-shares", "0.5,0.5"], "partition.client_shares"),
+        (
+            ["partition", *TINY, "--client-mix", "custom", "--client-shares", "a,b"],
+            "--client-shares",
+        ),
+        (
+            [
+                "partition",
+                *TINY,
+                "--label-split",
+                "dirichlet",
+                "--alpha",
+                "0.01",
+                "--min-samples",
+                "59",
+            ],
+            "partition.min_samples",
+        ),
         (["partition", *TINY, "--params", "missing.yaml"], "--params"),
         (["train", "--data", "nowhere"], "manifest.json"),
         (["train", "--algorithm", "fedfoo"], "train.algorithm"),
@@ -96,6 +141,16 @@ def test_bad_input_is_one_line_and_writes_nothing(args: list[str], culprit: str)
     before = set(Path().rglob("*"))
     assert_one_line_error(invoke(*args), culprit)
     assert set(Path().rglob("*")) == before
+
+
+def test_missing_dataset_is_named_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(*args, **kwargs):
+        raise OSError("offline")
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", offline)
+    result = invoke("partition", "--dataset", "cifar10", "--data-root", "raw/nothing", "--out", "d")
+    assert_one_line_error(result, "--data-root: CIFAR-10 not found")
+    assert list(Path().iterdir()) == []
 
 
 def test_corrupt_and_missing_shards_are_named() -> None:

@@ -11,7 +11,7 @@ from pipeline.data.corruptions import (
     corrupt,
     suite_for,
 )
-from pipeline.data.sources import RawDataset
+from pipeline.data.loaders import RawDataset
 from pipeline.errors import FedrcError
 
 

@@ -54,14 +54,9 @@ def test_golden_curve_resume_and_eval(
     run = train_stage(config(tiny_data, algorithm, tmp_path / "full"))
     got = curve(run)
     if os.environ.get("FEDRC_UPDATE_GOLDEN"):
-        GOLDEN.write_text(
-            json.dumps(
-                {**json.loads(GOLDEN.read_text() or "{}"), algorithm: got}
-                if GOLDEN.exists()
-                else {algorithm: got},
-                indent=1,
-            )
-        )
+        stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        GOLDEN.write_text(json.dumps({**stored, algorithm: got}, indent=1, sort_keys=True) + "\n")
+        golden[algorithm] = got
     expected = golden.get(algorithm)
     assert expected is not None, f"no golden curve for {algorithm}: regenerate (see docstring)"
     assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-3)

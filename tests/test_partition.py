@@ -8,15 +8,20 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline.config import PartitionConfig
+from pipeline.data.benchmark import write_benchmark
+from pipeline.data.client_mix import client_types, mix_groups
+from pipeline.data.concepts import parse_concept
+from pipeline.data.describe import describe
+from pipeline.data.label_splits import sequential_dirichlet_split
+from pipeline.data.loaders import RawDataset
+from pipeline.data.loaders.idx import DEBIAN_FMNIST, load_fmnist, read_idx
 from pipeline.data.shards import load_federated, read_manifest
-from pipeline.data.shifts import apply_concept, client_types, sequential_dirichlet_split
-from pipeline.data.sources import DEBIAN_FMNIST, load_fmnist, read_idx
 from pipeline.errors import FedrcError
 from pipeline.stages import partition_stage
 
 
 def test_paper_client_mix_shares() -> None:
-    concept, corrupted = client_types(300, "paper", np.random.default_rng(0))
+    concept, corrupted = client_types(300, mix_groups("paper", 3), np.random.default_rng(0))
     groups = Counter(zip(concept.tolist(), corrupted.tolist()))
     assert groups == {
         (0, False): 90,
@@ -29,16 +34,53 @@ def test_paper_client_mix_shares() -> None:
 
 
 def test_reference_client_mix_shares() -> None:
-    concept, corrupted = client_types(300, "reference", np.random.default_rng(0))
+    concept, corrupted = client_types(300, mix_groups("reference", 3), np.random.default_rng(0))
     assert Counter(concept.tolist()) == {0: 120, 1: 90, 2: 90}
     assert corrupted.sum() == 120
 
 
+def relabel(spec: str, y: np.ndarray, seed: int = 0) -> np.ndarray:
+    return parse_concept(spec).relabel(y, 10, np.random.default_rng(seed))
+
+
 def test_concept_label_maps() -> None:
     y = np.arange(10)
-    assert apply_concept(y, 0, 10).tolist() == y.tolist()
-    assert apply_concept(y, 1, 10).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
-    assert apply_concept(y, 2, 10).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    assert relabel("identity", y).tolist() == y.tolist()
+    assert relabel("reverse", y).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+    assert relabel("shift", y).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    assert relabel("shift:3", y).tolist() == [3, 4, 5, 6, 7, 8, 9, 0, 1, 2]
+    perm = relabel("permutation", y)
+    assert sorted(perm.tolist()) == y.tolist() and perm.tolist() != y.tolist()
+    assert relabel("permutation", y, seed=9).tolist() == perm.tolist()  # its own seed only
+    assert relabel("permutation:1", y).tolist() != perm.tolist()
+
+
+@pytest.mark.parametrize("kind", ["pair_flip", "symmetric"])
+def test_label_noise_flips_exactly_sigma(kind: str) -> None:
+    y = np.repeat(np.arange(10), 100)
+    noisy = relabel(f"{kind}:0.3", y)
+    flipped = noisy != y
+    assert flipped.sum() == 300
+    if kind == "pair_flip":
+        assert (noisy[flipped] == (y[flipped] + 1) % 10).all()
+    else:  # uniformly random other classes: many different offsets
+        assert len(np.unique((noisy[flipped] - y[flipped]) % 10)) == 9
+    assert (relabel(f"{kind}:0.3", y, seed=1) != noisy).any()  # fresh per client
+    assert (relabel(kind, y) != y).sum() == 200  # σ = 0.2 by default (Table 13)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("flip", "unknown label map"),
+        ("reverse:2", "takes no parameter"),
+        ("shift:x", "expected an integer"),
+        ("pair_flip:1.5", "noise rate"),
+    ],
+)
+def test_bad_concepts_are_named(spec: str, message: str) -> None:
+    with pytest.raises(FedrcError, match=f"partition.concepts.*{message}"):
+        parse_concept(spec)
 
 
 def test_sequential_dirichlet_quotas_disjoint_and_skewed() -> None:
@@ -78,7 +120,7 @@ def test_partition_statistics(tiny_data: Path) -> None:
     concept = table.column("concept").to_numpy()
     for c in range(3):
         mask = concept == c
-        assert (label[mask] == apply_concept(true[mask], c, 10)).all()
+        assert (label[mask] == relabel(["identity", "reverse", "shift"][c], true[mask])).all()
     # held-out clients: class-balanced
     held_ids = [c["client_id"] for c in held]
     hist = np.asarray(held[0]["label_histogram"]) + np.bincount(
@@ -154,3 +196,91 @@ def test_real_fashion_mnist_from_debian() -> None:
     assert data.train_images.shape == (60000, 28, 28, 1)
     assert data.test_images.shape == (10000, 28, 28, 1)
     assert np.bincount(data.train_labels).tolist() == [6000] * 10
+
+
+def build(tmp_path: Path, name: str, **settings) -> dict:
+    base = dict(dataset="synthetic", clients=10, samples_per_client=40, holdout_samples=50)
+    return partition_stage(PartitionConfig(**{**base, **settings}, out=str(tmp_path / name)))
+
+
+def test_manifest_records_enough_to_rebuild_the_same_shards(tmp_path: Path) -> None:
+    settings = dict(
+        label_split="cluster_n_class", label_groups=2, concepts=["identity", "pair_flip"]
+    )
+    first = build(tmp_path, "a", **settings)
+    assert first["format_version"] == 2 and first["config"]["label_split"] == "cluster_n_class"
+    assert {"numpy", "pyarrow", "torch", "python"} <= set(first["versions"])
+    files = sorted((tmp_path / "a" / "shards").iterdir())
+    per_shard = sorted(hashlib.sha256(f.read_bytes()).hexdigest() for f in files)
+    assert first["content_hash"] == hashlib.sha256("\n".join(per_shard).encode()).hexdigest()
+    rebuilt = partition_stage(PartitionConfig(**first["config"], out=str(tmp_path / "b")))
+    assert rebuilt["content_hash"] == first["content_hash"]
+    assert {c["label_group"] for c in first["clients"] if c["participating"]} == {0, 1}
+
+
+def test_changed_shard_and_old_format_are_refused(tmp_path: Path) -> None:
+    build(tmp_path, "a")
+    shard = tmp_path / "a" / "shards" / "client-00002.parquet"
+    shard.write_bytes(shard.read_bytes() + b"\0")
+    with pytest.raises(FedrcError, match=r"client-00002\.parquet: SHA-256 differs"):
+        load_federated(tmp_path / "a")
+    manifest = tmp_path / "a" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 1'))
+    with pytest.raises(FedrcError, match="older fedrc"):
+        read_manifest(tmp_path / "a")
+
+
+def test_replicated_colour_pool_goes_through_the_same_builder(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    raw = RawDataset(
+        "cifar10",
+        rng.integers(0, 256, (100, 32, 32, 3), dtype=np.uint8),
+        np.arange(100) % 10,
+        rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
+        np.arange(20) % 10,
+        10,
+        "test",
+    )
+    config = PartitionConfig(dataset="cifar10", clients=6, replicate=3, out=str(tmp_path / "c"))
+    manifest = write_benchmark(config, raw)
+    assert manifest["image_shape"] == [32, 32, 3]
+    part = [c for c in manifest["clients"] if c["participating"]]
+    assert [c["train_size"] + c["test_size"] for c in part] == [50] * 6  # 3 × 100 / 6
+    assert load_federated(tmp_path / "c").images.shape[1:] == (3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    ("shifts", "concepts", "corrupted"),
+    [(["label"], {0}, False), (["feature"], {0}, True), (["concept"], {0, 1, 2}, False)],
+)
+def test_single_shift_settings(tmp_path: Path, shifts, concepts, corrupted) -> None:
+    manifest = build(tmp_path, "s", clients=20, shifts=shifts)
+    part = [c for c in manifest["clients"] if c["participating"]]
+    assert {c["concept"] for c in part} == concepts
+    assert any(c["style"] != "none" for c in part) == corrupted
+    assert len(manifest["clients"]) - len(part) == len(concepts)  # one held-out per concept
+    classes = [sum(v > 0 for v in c["true_label_histogram"]) for c in part]
+    assert (np.mean(classes) > 8) == ("label" not in shifts)
+
+
+def test_imbalanced_and_custom_mixes() -> None:
+    concept, corrupted = client_types(100, mix_groups("imbalanced", 3), np.random.default_rng(0))
+    assert Counter(concept.tolist()) == {0: 80, 1: 10, 2: 10} and corrupted.sum() == 30
+    shares = [0.5, 0.0, 0.0, 0.25, 0.25, 0.0]
+    concept, corrupted = client_types(8, mix_groups("custom", 3, shares), np.random.default_rng(0))
+    assert Counter(zip(concept.tolist(), corrupted.tolist())) == {
+        (0, False): 4,
+        (1, True): 2,
+        (2, False): 2,
+    }
+
+
+def test_many_concepts_and_corrupted_holdouts(tmp_path: Path) -> None:
+    names = ["identity", "reverse", "shift:2", "permutation", "symmetric:0.5"]
+    manifest = build(tmp_path, "m", clients=20, concepts=names, holdout_corrupted=True)
+    held = [c for c in manifest["clients"] if not c["participating"]]
+    assert manifest["concepts"] == names and [c["concept"] for c in held] == list(range(5))
+    assert all(c["style"] != "none" for c in held)
+    info = describe(manifest)
+    assert sum(sum(s.values()) for s in info["clients_by_concept_and_style"].values()) == 20
+    assert info["held_out"] == 5 and 0 < info["label_heterogeneity"]["mean_pairwise_tv"] < 1

@@ -1,30 +1,34 @@
-"""The FedRC benchmark (paper appendix H.8, NOTES §4): label, feature and concept shift at once.
+"""The federated benchmark (FedRC appendix H.8, NOTES §4; Fed-CAM partitions, NOTES §3).
 
-Participating clients: the paper's sequential Dirichlet label split of the training set, client
-types from the chosen mix (concept, corrupted or not), one corruption and severity per corrupted
-client, a seeded train/test split. Non-participating clients: one per concept, a class-balanced
-part of the test set with that concept's label map, clean, split the same way into a labelled
-part for the E-step (`train`) and a scored part (`test`).
+Participating clients: a label split of the (optionally replicated) training pool, client types
+from the chosen mix (concept, corrupted or not), one corruption and severity per corrupted
+client, the concept's label map, a seeded train/test split. Non-participating clients: one per
+concept, a class-balanced part of the test set with that concept's label map (clean unless
+`holdout_corrupted`), split the same way into a labelled part for the E-step (`train`) and a
+scored part (`test`). `shifts` switches label, feature or concept shift off (Table 8).
 """
 
 from __future__ import annotations
 
+import json
+import platform
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from pipeline.config import PartitionConfig, config_dict
+from pipeline.data.client_mix import client_types, mix_groups
+from pipeline.data.concepts import Concept, parse_concepts
 from pipeline.data.corruptions import check_style, corrupt, suite_for
-from pipeline.data.shards import ClientData, client_summary
-from pipeline.data.shifts import (
-    CLIENT_MIXES,
-    CONCEPT_NAMES,
-    apply_concept,
-    balanced_subset,
-    client_types,
-    sequential_dirichlet_split,
-    train_test_split,
-)
-from pipeline.data.sources import RawDataset
+from pipeline.data.label_splits import LabelSplit, split_labels
+from pipeline.data.loaders import RawDataset
+from pipeline.data.sampling import balanced_subset, train_test_split
+from pipeline.data.shards import ClientData, write_shards
 from pipeline.errors import FedrcError
+from pipeline.io import atomic_dir
 
 
 def resolve_styles(config: PartitionConfig, channels: int) -> list[str]:
@@ -40,86 +44,132 @@ def resolve_styles(config: PartitionConfig, channels: int) -> list[str]:
     return sorted(config.styles)
 
 
-def build_clients(config: PartitionConfig, raw: RawDataset) -> list[ClientData]:
+def used_concepts(config: PartitionConfig) -> list[Concept]:
+    """The concepts in play: all of `concepts`, or only the first without concept shift."""
+    concepts = parse_concepts(config.concepts)
+    return concepts if "concept" in config.shifts else concepts[:1]
+
+
+def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientData]:
+    """Every client, participating ones first. Splits and types are drawn now (so bad settings
+    fail before anything is written); images are gathered and corrupted one client at a time."""
     split_seq, types_seq, style_seq, holdout_seq, client_seq = np.random.SeedSequence(
         config.seed
     ).spawn(5)
-    per_client = config.samples_per_client or raw.train_labels.size // config.clients
-    indices = sequential_dirichlet_split(
-        raw.train_labels,
-        raw.num_classes,
-        config.clients,
-        per_client,
-        config.alpha,
-        np.random.default_rng(split_seq),
-    )
-    concept, corrupted = client_types(
-        config.clients, config.client_mix, np.random.default_rng(types_seq)
+    pool_labels = np.tile(raw.train_labels, config.replicate)
+    split = split_labels(config, pool_labels, raw.num_classes, np.random.default_rng(split_seq))
+    concepts = used_concepts(config)
+    groups = mix_groups(config.client_mix, len(config.concepts), config.client_shares)
+    concept, corrupted = client_types(config.clients, groups, np.random.default_rng(types_seq))
+    if "concept" not in config.shifts:
+        concept[:] = 0
+    if "feature" not in config.shifts:
+        corrupted[:] = False
+    holdout = balanced_subset(
+        raw.test_labels, raw.num_classes, config.holdout_samples, np.random.default_rng(holdout_seq)
     )
     styles = resolve_styles(config, raw.image_shape[-1])
-    style_rng = np.random.default_rng(style_seq)
-    client_seeds = client_seq.spawn(config.clients + len(CONCEPT_NAMES))
+    return _clients(
+        config, raw, split, concepts, concept, corrupted, holdout, style_seq, client_seq, styles
+    )
 
-    clients = []
-    for i, idx in enumerate(indices):
-        rng = np.random.default_rng(client_seeds[i])
-        images = raw.train_images[idx]
+
+def _clients(
+    config: PartitionConfig,
+    raw: RawDataset,
+    split: LabelSplit,
+    concepts: list[Concept],
+    concept: np.ndarray,
+    corrupted: np.ndarray,
+    holdout: np.ndarray,
+    style_seq: np.random.SeedSequence,
+    client_seq: np.random.SeedSequence,
+    styles: list[str],
+) -> Iterator[ClientData]:
+    style_rng = np.random.default_rng(style_seq)
+    seeds = client_seq.spawn(config.clients + len(concepts))
+
+    def make(
+        i: int,
+        participating: bool,
+        c: int,
+        is_corrupted: bool,
+        images: np.ndarray,
+        true: np.ndarray,
+        group: int | None,
+    ) -> ClientData:
+        rng = np.random.default_rng(seeds[i])
         style, severity = "none", 0
-        if corrupted[i]:
+        if is_corrupted:
             style = styles[style_rng.integers(len(styles))]
             severity = int(style_rng.integers(1, 6))
             images = corrupt(images, style, severity, seed=int(rng.integers(2**31)))
-        true = raw.train_labels[idx]
-        clients.append(
-            ClientData(
-                i,
-                True,
-                int(concept[i]),
-                style,
-                severity,
-                images,
-                true,
-                apply_concept(true, int(concept[i]), raw.num_classes),
-                train_test_split(idx.size, config.test_fraction, rng),
-            )
+        is_test = train_test_split(true.size, config.test_fraction, rng)
+        labels = concepts[c].relabel(true, raw.num_classes, rng)
+        return ClientData(
+            i, participating, c, style, severity, images, true, labels, is_test, group
         )
 
-    holdout = balanced_subset(
-        raw.test_labels,
-        raw.num_classes,
-        config.holdout_samples,
-        np.random.default_rng(holdout_seq),
-    )
-    for c in range(len(CONCEPT_NAMES)):
-        client_id = config.clients + c
-        rng = np.random.default_rng(client_seeds[client_id])
-        true = raw.test_labels[holdout]
-        clients.append(
-            ClientData(
-                client_id,
-                False,
-                c,
-                "none",
-                0,
-                raw.test_images[holdout],
-                true,
-                apply_concept(true, c, raw.num_classes),
-                train_test_split(holdout.size, config.test_fraction, rng),
-            )
+    n = raw.train_labels.size
+    for i, idx in enumerate(split.indices):
+        group = None if split.groups is None else int(split.groups[i])
+        yield make(
+            i,
+            True,
+            int(concept[i]),
+            corrupted[i],
+            raw.train_images[idx % n],
+            raw.train_labels[idx % n],
+            group,
         )
-    return clients
+    held_corrupted = config.holdout_corrupted and "feature" in config.shifts
+    for c in range(len(concepts)):
+        yield make(
+            config.clients + c,
+            False,
+            c,
+            held_corrupted,
+            raw.test_images[holdout],
+            raw.test_labels[holdout],
+            None,
+        )
 
 
-def build_manifest(config: PartitionConfig, raw: RawDataset, clients: list[ClientData]) -> dict:
+def versions() -> dict[str, str]:
+    """The versions that decide the shard bytes, recorded in the manifest."""
+    found = {"python": platform.python_version()}
+    for package in ("fedrc", "numpy", "pyarrow", "torch", "torchvision", "pillow"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def manifest_header(config: PartitionConfig, raw: RawDataset) -> dict[str, Any]:
+    """Everything needed to rebuild the shards; write_shards adds clients, hashes and format."""
+    names = [c.name for c in parse_concepts(config.concepts)]
     return {
         "dataset": raw.name,
         "source": raw.source,
         "image_shape": list(raw.image_shape),
         "num_classes": raw.num_classes,
-        "concepts": list(CONCEPT_NAMES),
-        "client_mix": CLIENT_MIXES[config.client_mix],
-        "params": {k: v for k, v in config_dict(config).items() if k != "out"},
+        "concepts": [c.name for c in used_concepts(config)],
+        "client_mix": [
+            {"concept": names[c], "corrupted": x, "share": share}
+            for c, x, share in mix_groups(config.client_mix, len(names), config.client_shares)
+        ],
+        "config": {k: v for k, v in config_dict(config).items() if k != "out"},
         "seed": config.seed,
+        "versions": versions(),
         "num_participating": config.clients,
-        "clients": [client_summary(c, raw.num_classes) for c in clients],
     }
+
+
+def write_benchmark(config: PartitionConfig, raw: RawDataset) -> dict[str, Any]:
+    """Build the benchmark from `raw` into `config.out` in one atomic step; returns the manifest."""
+    clients = build_clients(config, raw)
+    with atomic_dir(Path(config.out)) as tmp:
+        manifest = write_shards(tmp, clients, manifest_header(config, raw), raw.num_classes)
+        (tmp / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
+    return manifest

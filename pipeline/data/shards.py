@@ -4,12 +4,17 @@ A row is one sample: `image` (raw uint8 H×W×C bytes), `label` (after the conce
 `true_label`, `client_id`, `participating`, `concept`, `style`, `severity`, `split`. One file per
 client lets a reader (or a distributed rank) load only the clients it needs; the whole folder
 reads as one table with `pyarrow.dataset.dataset(DIR / "shards")`.
+
+The manifest (format 2) records how the shards were made (`config`, `versions`), a summary per
+client, each shard's SHA-256 (`files`) and `content_hash`, the SHA-256 over the sorted per-shard
+hashes: equal content hashes mean byte-identical shards.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from pipeline.io import read_parquet
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -38,6 +43,7 @@ class ClientData:
     true_labels: np.ndarray  # (N,)
     labels: np.ndarray  # (N,) after the concept's label map
     is_test: np.ndarray  # (N,) bool
+    label_group: int | None = None  # Fed-CAM cluster-wise label splits only
 
 
 def shard_name(client_id: int) -> str:
@@ -92,6 +98,7 @@ def client_summary(client: ClientData, num_classes: int) -> dict[str, Any]:
         "concept": client.concept,
         "style": client.style,
         "severity": client.severity,
+        "label_group": client.label_group,
         "train_size": int(train.sum()),
         "test_size": int(client.is_test.sum()),
         "label_histogram": np.bincount(client.labels[train], minlength=num_classes).tolist(),
@@ -101,17 +108,37 @@ def client_summary(client: ClientData, num_classes: int) -> dict[str, Any]:
     }
 
 
-def write_shards(folder: Path, clients: list[ClientData], manifest: dict[str, Any]) -> None:
-    """Write every client's shard and the manifest (with each file's SHA-256) into `folder`."""
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """SHA-256 over the sorted per-shard SHA-256 values, one per line."""
+    return hashlib.sha256("\n".join(sorted(files.values())).encode()).hexdigest()
+
+
+def write_shards(
+    folder: Path, clients: Iterable[ClientData], header: dict[str, Any], num_classes: int
+) -> dict[str, Any]:
+    """Write each client's shard as it comes, then the manifest: `header` plus the clients'
+    summaries, each file's SHA-256 and the content hash. Returns the manifest."""
     shards = folder / SHARDS
     shards.mkdir(parents=True)
-    hashes = {}
+    hashes, summaries = {}, []
     for client in clients:
         path = shards / shard_name(client.client_id)
         pq.write_table(client_table(client), path, compression="zstd")
-        hashes[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    manifest = {**manifest, "format_version": FORMAT_VERSION, "files": hashes}
+        hashes[path.name] = sha256_file(path)
+        summaries.append(client_summary(client, num_classes))
+    manifest = {
+        **header,
+        "clients": summaries,
+        "format_version": FORMAT_VERSION,
+        "files": hashes,
+        "content_hash": content_hash(hashes),
+    }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -122,12 +149,21 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: corrupt manifest ({e})") from None
-    needed = ("dataset", "image_shape", "num_classes", "clients", "format_version")
-    missing = [k for k in needed if k not in manifest]
+    if not isinstance(manifest, dict) or "format_version" not in manifest:
+        raise FedrcError(f"{path}: not a fedrc manifest (no format_version)")
+    version = manifest["format_version"]
+    if version != FORMAT_VERSION:
+        age = "a newer" if version > FORMAT_VERSION else "an older"
+        raise FedrcError(
+            f"{path}: written by {age} fedrc (format {version}, expected {FORMAT_VERSION}); "
+            "rebuild it with `fedrc partition`"
+        )
+    needed = ("dataset", "image_shape", "num_classes", "concepts", "clients", "files")
+    missing = [k for k in (*needed, "content_hash") if k not in manifest]
     if missing:
         raise FedrcError(f"{path}: manifest lacks {', '.join(missing)}")
-    if manifest["format_version"] > FORMAT_VERSION:
-        raise FedrcError(f"{path}: written by a newer fedrc (format {manifest['format_version']})")
+    if content_hash(manifest["files"]) != manifest["content_hash"]:
+        raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
     return manifest
 
 
@@ -185,6 +221,12 @@ def load_federated(folder: Path) -> FederatedData:
         if entry["client_id"] != position:
             raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
         path = folder / SHARDS / shard_name(position)
+        if not path.is_file():
+            raise FedrcError(f"{path}: shard missing")
+        if sha256_file(path) != manifest["files"].get(path.name):
+            raise FedrcError(
+                f"{path}: SHA-256 differs from the manifest (changed or corrupt shard)"
+            )
         table = read_parquet(path, "shard missing")
         expected = entry["train_size"] + entry["test_size"]
         if table.num_rows != expected or table.schema.field("image").type != pa.binary(image_bytes):
@@ -220,6 +262,5 @@ def load_federated(folder: Path) -> FederatedData:
 
 
 def data_digest(manifest: dict[str, Any]) -> str:
-    """One hash for the whole federated dataset: the manifest's per-file hashes, in order."""
-    files = manifest.get("files", {})
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    """One hash for the whole federated dataset (the manifest's content hash)."""
+    return manifest["content_hash"]

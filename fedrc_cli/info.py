@@ -1,0 +1,82 @@
+"""`fedrc info DIR`: describe a built benchmark (clients per concept and style, sizes, label
+heterogeneity) as rich tables, or as JSON with --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.table import Table
+
+from fedrc_cli.common import console, user_errors
+from pipeline.data.describe import describe
+from pipeline.data.shards import read_manifest
+
+
+def info(
+    folder: Annotated[Path, typer.Argument(help="A `fedrc partition` output folder.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the description as JSON instead of tables.")
+    ] = False,
+) -> None:
+    """Describe a federated benchmark: who has which concept and style, sizes, label shift."""
+    with user_errors():
+        description = describe(read_manifest(folder))
+    if as_json:
+        typer.echo(json.dumps(description, indent=2))
+    else:
+        console.print(render(description))
+
+
+def render(d: dict[str, Any]) -> Group:
+    """Two tables: participating clients by style × concept, then the benchmark's numbers."""
+    by_concept = d["clients_by_concept_and_style"]
+    styles = sorted(
+        {s for counts in by_concept.values() for s in counts}, key=lambda s: s != "none"
+    )
+    shape = "×".join(str(x) for x in d["image_shape"])
+    clients = Table(
+        title=f"{d['dataset']} ({shape}, {d['num_classes']} classes): "
+        f"{d['participating']} participating clients by style and concept"
+    )
+    clients.add_column("style")
+    for name in by_concept:
+        clients.add_column(name, justify="right")
+    clients.add_column("total", justify="right")
+    for style in styles:
+        row = [by_concept[name].get(style, 0) for name in by_concept]
+        clients.add_row(style, *map(str, row), str(sum(row)))
+
+    sizes, het = d["samples_per_client"], d["label_heterogeneity"]
+    cpc = het["classes_per_client"]
+    numbers = Table(show_header=False, title="benchmark")
+    numbers.add_column("what")
+    numbers.add_column("value")
+    rows = [
+        ("shifts", ", ".join(d["shifts"]) or "none"),
+        (
+            "label split",
+            d["label_split"] + (f" ({d['label_groups']} groups)" * bool(d["label_groups"])),
+        ),
+        (
+            "samples per client",
+            f"{sizes['min']} / {sizes['median']:g} / {sizes['max']} (min / median / max)",
+        ),
+        ("samples in all", str(sizes["total"])),
+        ("classes per client", f"{cpc['mean']:g} ({cpc['min']}–{cpc['max']})"),
+        ("label distance (mean pairwise TV)", f"{het['mean_pairwise_tv']:.3f}"),
+        (
+            "held-out clients",
+            ", ".join(
+                f"{h['concept']} ({h['style']}, {h['samples']})" for h in d["held_out_clients"]
+            ),
+        ),
+        ("seed", str(d["seed"])),
+        ("content hash", d["content_hash"][:16] + "…"),
+    ]
+    for what, value in rows:
+        numbers.add_row(what, value)
+    return Group(clients, numbers)

@@ -1,0 +1,80 @@
+"""A benchmark in numbers, from its manifest: who has which concept and style, how big the
+clients are, and how heterogeneous their label distributions are (`fedrc info`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+
+def mean_pairwise_tv(histograms: np.ndarray) -> float:
+    """Mean total-variation distance ½‖p_i − p_j‖₁ over client pairs i < j (0: identical label
+    distributions, 1: disjoint classes)."""
+    p = histograms / np.maximum(histograms.sum(1, keepdims=True), 1)
+    m = len(p)
+    if m < 2:
+        return 0.0
+    total = sum(0.5 * np.abs(p[i + 1 :] - p[i]).sum() for i in range(m - 1))
+    return float(total / (m * (m - 1) / 2))
+
+
+def label_heterogeneity(histograms: np.ndarray) -> dict[str, Any]:
+    """Classes per client and mean pairwise TV distance of (M, C) label histograms."""
+    classes = (histograms > 0).sum(1)
+    return {
+        "classes_per_client": {
+            "mean": round(float(classes.mean()), 3),
+            "min": int(classes.min()),
+            "max": int(classes.max()),
+        },
+        "mean_pairwise_tv": round(mean_pairwise_tv(histograms), 4),
+    }
+
+
+def describe(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The summary `fedrc info` prints (and writes with --json). Label statistics use the true
+    labels of the training splits, so concept label maps do not count as label shift."""
+    clients = manifest["clients"]
+    concepts = manifest["concepts"]
+    part = [c for c in clients if c["participating"]]
+    held = [c for c in clients if not c["participating"]]
+    by_concept: dict[str, Counter[str]] = {name: Counter() for name in concepts}
+    for c in part:
+        by_concept[concepts[c["concept"]]][c["style"]] += 1
+    sizes = np.asarray([c["train_size"] + c["test_size"] for c in part])
+    config = manifest["config"]
+    groups = {c["label_group"] for c in part} - {None}
+    return {
+        "dataset": manifest["dataset"],
+        "image_shape": manifest["image_shape"],
+        "num_classes": manifest["num_classes"],
+        "seed": manifest["seed"],
+        "content_hash": manifest["content_hash"],
+        "shifts": config["shifts"],
+        "label_split": config["label_split"] if "label" in config["shifts"] else "iid",
+        "label_groups": len(groups),
+        "participating": len(part),
+        "held_out": len(held),
+        "clients_by_concept_and_style": {
+            name: dict(sorted(counts.items())) for name, counts in by_concept.items()
+        },
+        "held_out_clients": [
+            {
+                "concept": concepts[c["concept"]],
+                "style": c["style"],
+                "samples": c["train_size"] + c["test_size"],
+            }
+            for c in held
+        ],
+        "samples_per_client": {
+            "min": int(sizes.min()),
+            "median": float(np.median(sizes)),
+            "max": int(sizes.max()),
+            "total": int(sizes.sum()),
+        },
+        "label_heterogeneity": label_heterogeneity(
+            np.asarray([c["true_label_histogram"] for c in part], dtype=float)
+        ),
+    }

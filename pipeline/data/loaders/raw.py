@@ -1,0 +1,45 @@
+"""The in-memory form of a dataset, shared by every loader."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RawDataset:
+    name: str
+    train_images: np.ndarray  # (N, H, W, C) uint8
+    train_labels: np.ndarray  # (N,) int64
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    num_classes: int
+    source: str  # where the files came from, recorded in the manifest
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_images.shape[1:])  # type: ignore[return-value]
+
+
+def download_root(data_root: str | None) -> str:
+    """Where a torchvision download goes: `--data-root`, else `data/raw`."""
+    return data_root or "data/raw"
+
+
+@contextmanager
+def cleanup_on_failure(root: Path) -> Iterator[None]:
+    """Around a download: if it fails, remove the folders it created for `root`."""
+    first_new = None if root.exists() else root
+    while first_new is not None and not first_new.parent.exists():
+        first_new = first_new.parent
+    try:
+        yield
+    except BaseException:
+        if first_new is not None:
+            shutil.rmtree(first_new, ignore_errors=True)
+        raise
