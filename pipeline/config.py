@@ -135,6 +135,7 @@ class TrainConfig:
     hard_train: bool = False  # FedRC TrHC: train only the arg-max ω model
     table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
     eval_every: int = 1
+    checkpoint_every: int = 1  # write checkpoint.pt every N rounds (and at the last round)
     seed: int = 0
     device: str = "auto"
     out: str = "runs/fedrc"
@@ -161,6 +162,8 @@ class TrainConfig:
             0 < self.label_floor < 1, f"{t}.label_floor", "a number in (0, 1)", self.label_floor
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
+        ce = self.checkpoint_every
+        _require(ce >= 1, f"{t}.checkpoint_every", "an integer >= 1", ce)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
         _require(self.model in MODELS, f"{t}.model", f"one of {MODELS}", self.model)
         _require(self.norm in NORMS, f"{t}.norm", f"one of {NORMS}", self.norm)
@@ -199,7 +202,7 @@ class TrainConfig:
     def identity(self) -> dict[str, Any]:
         """The fields a checkpoint must match to be resumed: all that changes the numbers."""
         d = dataclasses.asdict(self)
-        for k in ("rounds", "device", "out", "data"):
+        for k in ("rounds", "device", "out", "data", "checkpoint_every"):
             d.pop(k)
         return d
 
@@ -302,6 +305,10 @@ def build_config(
         _require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
         values = {**PROFILES[profile], **values}
     config = cls(**values)
+    for field in dataclasses.fields(cls):  # inf and nan pass most range checks: refuse them here
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FedrcError(f"{section}.{field.name}: expected a finite number, got {value!r}")
     config.validate()
     return config
 

@@ -123,9 +123,13 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: corrupt manifest ({e})") from None
     needed = ("dataset", "image_shape", "num_classes", "clients", "format_version")
-    missing = [k for k in needed if k not in manifest]
+    missing = [k for k in needed if k not in manifest] if isinstance(manifest, dict) else needed
     if missing:
         raise FedrcError(f"{path}: manifest lacks {', '.join(missing)}")
+    per_client = ("client_id", "participating", "concept", "style", "train_size", "test_size")
+    for entry in manifest["clients"] if isinstance(manifest["clients"], list) else [None]:
+        if not isinstance(entry, dict) or any(k not in entry for k in per_client):
+            raise FedrcError(f"{path}: a client entry lacks one of {', '.join(per_client)}")
     if manifest["format_version"] > FORMAT_VERSION:
         raise FedrcError(f"{path}: written by a newer fedrc (format {manifest['format_version']})")
     return manifest
@@ -186,8 +190,9 @@ def load_federated(folder: Path) -> FederatedData:
             raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
         path = folder / SHARDS / shard_name(position)
         table = read_parquet(path, "shard missing")
+        check_shard_hash(path, manifest)
         expected = entry["train_size"] + entry["test_size"]
-        if table.num_rows != expected or table.schema.field("image").type != pa.binary(image_bytes):
+        if table.num_rows != expected or not table.schema.equals(_schema(image_bytes)):
             raise FedrcError(
                 f"{path}: shard does not match the manifest ({table.num_rows} rows, "
                 f"expected {expected} images of {image_bytes} bytes)"
@@ -217,6 +222,18 @@ def load_federated(folder: Path) -> FederatedData:
         torch.from_numpy(distinct),
         torch.from_numpy(inverse.reshape(-1)),
     )
+
+
+def check_shard_hash(path: Path, manifest: dict[str, Any]) -> None:
+    """The shard's SHA-256 must be the one the manifest recorded when it was written."""
+    recorded = manifest.get("files", {}).get(path.name)
+    if recorded is None:
+        raise FedrcError(f"{path}: the manifest records no SHA-256 for this shard")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise FedrcError(
+            f"{path}: SHA-256 does not match the manifest (the shard was changed or damaged "
+            "after `fedrc partition`); partition again"
+        )
 
 
 def data_digest(manifest: dict[str, Any]) -> str:
