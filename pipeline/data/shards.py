@@ -194,8 +194,8 @@ def load_federated(folder: Path) -> FederatedData:
         expected = entry["train_size"] + entry["test_size"]
         if table.num_rows != expected or not table.schema.equals(_schema(image_bytes)):
             raise FedrcError(
-                f"{path}: shard does not match the manifest ({table.num_rows} rows, "
-                f"expected {expected} images of {image_bytes} bytes)"
+                f"{path}: shard does not match the manifest ({table.num_rows} rows, expected "
+                f"{expected} rows in fedrc's shard schema with {image_bytes}-byte images)"
             )
         column = table.column("image").combine_chunks()
         raw = np.frombuffer(column.buffers()[1], dtype=np.uint8)
