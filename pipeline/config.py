@@ -8,6 +8,7 @@ the stage's output (`config.json`), so every artifact says how it was made.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -279,6 +280,11 @@ def read_params(path: Path | None) -> dict[str, Any]:
         raise FedrcError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise FedrcError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    sections = list(SECTIONS.values())
+    for key in data:  # other top-level keys are allowed (dvc.yaml reads `algorithms`), typos not
+        near = difflib.get_close_matches(str(key), sections, n=1, cutoff=0.75)
+        if key not in sections and near:
+            raise FedrcError(f"{path}: unknown section {key!r} (did you mean {near[0]!r}?)")
     return data
 
 

@@ -230,6 +230,12 @@ CASES = [
         write("p.yaml", "partition: 3\n"),
         ["partition", "mapping"],
     ),
+    (
+        "p-section-typo",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partitoin:\n  clients: 4\n"),
+        ["p.yaml", "'partitoin'", "did you mean 'partition'"],
+    ),
     # train: options and params
     ("t-algorithm", ["train", "--algorithm", "fedfoo"], nothing, ["train.algorithm", "one of"]),
     ("t-participation", ["train", "--participation", "1.5"], nothing, ["participation", "(0, 1]"]),
@@ -510,6 +516,32 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_resume(here: Path, monkeypatch)
     monkeypatch.setattr(training, "train_round", real)
     assert invoke(*args, "--resume").exit_code == 0
     assert [r["round"] for r in read_rows(Path("c/metrics.jsonl"))] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("command", ["partition", "eval", "plot"])
+def test_sigterm_in_any_stage_is_one_line_and_exit_143(here: Path, monkeypatch, command) -> None:
+    import fedrc_cli.evaluate
+    import fedrc_cli.partition
+    import fedrc_cli.plot
+
+    module, stage = {
+        "partition": (fedrc_cli.partition, "partition_stage"),
+        "eval": (fedrc_cli.evaluate, "eval_stage"),
+        "plot": (fedrc_cli.plot, "plot_stage"),
+    }[command]
+    real = getattr(module, stage)
+
+    def killed_midway(config):
+        real(config)  # writes its output (atomically) ...
+        os.kill(os.getpid(), signal.SIGTERM)  # ... and a scheduler stops the job before exit
+
+    monkeypatch.setattr(module, stage, killed_midway)
+    previous = signal.getsignal(signal.SIGTERM)
+    tiny = ["--dataset", "synthetic", "--clients", "4", "--samples-per-client", "20"]
+    args = {"partition": [*tiny, "--holdout-samples", "20", "--out", "fresh"]}
+    line = assert_one_line(invoke(command, *args.get(command, ["--run", "r"])), code=143)
+    assert "terminated (SIGTERM)" in line
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
 
 
 def test_metrics_torn_tail_only_tolerated_on_resume(tmp_path: Path) -> None:
