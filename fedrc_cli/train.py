@@ -15,8 +15,18 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from fedrc_cli.common import ParamsOption, console, fail, is_terminal, load_config, user_errors
+from fedrc_cli.common import (
+    INTERRUPT_CODES,
+    ParamsOption,
+    Terminated,
+    console,
+    fail,
+    is_terminal,
+    load_config,
+    user_errors,
+)
 from pipeline.config import ALGORITHMS, TrainConfig
+from pipeline.run_files import checkpoint_round
 from pipeline.stages import train_stage
 
 
@@ -74,6 +84,10 @@ def train(
     eval_every: Annotated[
         int | None, typer.Option(help="Evaluate every N rounds (and at the last round).")
     ] = None,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(help="Write checkpoint.pt every N rounds (and at the last round)."),
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for models, sampling and batches.")] = None,
     device: Annotated[
         str | None, typer.Option(help="auto (cuda when available), cpu or cuda.")
@@ -122,6 +136,7 @@ def train(
             weight_decay=weight_decay,
             participation=participation,
             eval_every=eval_every,
+            checkpoint_every=checkpoint_every,
             seed=seed,
             device=device,
             executor=executor,
@@ -144,13 +159,23 @@ def train(
                     print(f"round {row['round']}/{config.rounds}  {describe(row)}", flush=True)
 
                 train_stage(config, resume=resume, overwrite=overwrite, on_round=log)
-        except KeyboardInterrupt:
-            where = f"after round {done['round']}" if done["round"] else "before the first round"
-            raise fail(
-                f"interrupted {where}; continue with: fedrc train --out {config.out} --resume",
-                code=130,
-            ) from None
+        except (KeyboardInterrupt, Terminated) as e:
+            code = INTERRUPT_CODES[type(e)]
+            raise fail(stopped_message(e, config, done["round"]), code) from None
     console.print(f"Done: {config.out}/metrics.jsonl, assignments.parquet, model.pt")
+
+
+def stopped_message(error: BaseException, config: TrainConfig, completed: int | None) -> str:
+    """Where an interrupted run stopped, what its checkpoint holds, and how to go on."""
+    name = "interrupted" if isinstance(error, KeyboardInterrupt) else "terminated (SIGTERM)"
+    where = f"after round {completed}" if completed else "before the first round ended"
+    saved = checkpoint_round(Path(config.out))
+    if saved is None:
+        return f"{name} {where}; no checkpoint yet: start again with --overwrite"
+    return (
+        f"{name} {where}; last checkpoint: round {saved}; continue with: "
+        f"fedrc train --out {config.out} --resume (and the same options)"
+    )
 
 
 def run_with_progress(config: TrainConfig, resume: bool, overwrite: bool, done: dict) -> None:

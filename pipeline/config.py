@@ -8,6 +8,7 @@ the stage's output (`config.json`), so every artifact says how it was made.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -210,6 +211,7 @@ class TrainConfig:
     hard_train: bool = False  # FedRC TrHC: train only the arg-max ω model
     table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
     eval_every: int = 1
+    checkpoint_every: int = 1  # write checkpoint.pt every N rounds (and at the last round)
     seed: int = 0
     device: str = "auto"
     executor: str = "auto"  # auto (sequential on a CPU, batched on CUDA), batched, sequential
@@ -239,6 +241,8 @@ class TrainConfig:
             0 < self.label_floor < 1, f"{t}.label_floor", "a number in (0, 1)", self.label_floor
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
+        ce = self.checkpoint_every
+        _require(ce >= 1, f"{t}.checkpoint_every", "an integer >= 1", ce)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
         ex, cc = self.executor, self.chunk_clients
         _require(ex in EXECUTORS, f"{t}.executor", f"one of {EXECUTORS}", ex)
@@ -282,7 +286,15 @@ class TrainConfig:
     def identity(self) -> dict[str, Any]:
         """The fields a checkpoint must match to be resumed: all that changes the numbers."""
         d = dataclasses.asdict(self)
-        for k in ("rounds", "device", "out", "data", "executor", "chunk_clients"):
+        for k in (
+            "rounds",
+            "device",
+            "out",
+            "data",
+            "executor",
+            "chunk_clients",
+            "checkpoint_every",
+        ):
             d.pop(k)
         if d["precision"] == "fp32":  # fp32 checkpoints from before the option still resume
             d.pop("precision")
@@ -361,6 +373,11 @@ def read_params(path: Path | None) -> dict[str, Any]:
         raise FedrcError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise FedrcError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    sections = list(SECTIONS.values())
+    for key in data:  # other top-level keys are allowed (dvc.yaml reads `algorithms`), typos not
+        near = difflib.get_close_matches(str(key), sections, n=1, cutoff=0.75)
+        if key not in sections and near:
+            raise FedrcError(f"{path}: unknown section {key!r} (did you mean {near[0]!r}?)")
     return data
 
 
@@ -387,6 +404,10 @@ def build_config(
         _require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
         values = {**PROFILES[profile], **values}
     config = cls(**values)
+    for item in dataclasses.fields(cls):  # inf and nan pass most range checks: refuse them here
+        value = getattr(config, item.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FedrcError(f"{section}.{item.name}: expected a finite number, got {value!r}")
     config.validate()
     return config
 

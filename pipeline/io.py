@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,25 @@ from pipeline.errors import FedrcError
 
 
 @contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised inside (a full disk, say) names `path` if it names no file itself."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
+@contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; on success it replaces `target` whole."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    with naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        yield tmp
+        with naming(target):
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -45,10 +58,19 @@ def atomic_file(target: Path) -> Iterator[Path]:
     os.umask(umask)
     tmp.chmod(0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
     try:
-        yield tmp
+        with naming(target):
+            yield tmp
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_files(*targets: Path) -> Iterator[list[Path]]:
+    """Like `atomic_file` for several files that belong together: all are renamed, or none."""
+    with ExitStack() as stack:
+        tmps = [stack.enter_context(atomic_file(t)) for t in targets]
+        yield tmps  # an error in the body leaves every target as it was
 
 
 def write_json(path: Path, data: Any) -> None:

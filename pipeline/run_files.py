@@ -11,7 +11,10 @@ Checkpoints hold only tensors, numbers and strings and are read with weights_onl
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.errors import FedrcError
-from pipeline.io import atomic_file, read_parquet
+from pipeline.io import atomic_file, naming, read_parquet
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -33,39 +36,98 @@ TRAIN_FILES = (CONFIG, METRICS, ASSIGNMENTS, CHECKPOINT, MODEL)
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
+    # Serialise in memory first: torch.save reports a full disk as an opaque RuntimeError,
+    # a plain write as OSError(ENOSPC) that names the file.
+    buffer = io.BytesIO()
+    torch.save({**state, "format": CHECKPOINT_FORMAT}, buffer)
     with atomic_file(path) as tmp:
-        torch.save({**state, "format": CHECKPOINT_FORMAT}, tmp)
+        tmp.write_bytes(buffer.getbuffer())
 
 
 def load_state(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FedrcError(f"{path}: not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. about a foreign pickle protocol: we refuse anyway
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise FedrcError(
+            f"{path}: refused: it holds objects other than tensors, numbers and strings "
+            "(fedrc never runs code from a checkpoint; was it crafted or written by another tool?)"
+        ) from None
     except Exception as e:  # unpickling errors come in many types
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise FedrcError(f"{path}: not a readable fedrc checkpoint ({first[:200]})") from None
-    if not isinstance(state, dict) or "format" not in state:
+        raise FedrcError(
+            f"{path}: damaged or not a fedrc checkpoint ({type(e).__name__}: {first[:120]})"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("format"), int):
         raise FedrcError(f"{path}: not a fedrc checkpoint")
     if state["format"] > CHECKPOINT_FORMAT:
-        raise FedrcError(f"{path}: written by a newer fedrc (format {state['format']})")
+        raise FedrcError(
+            f"{path}: written by a newer fedrc (checkpoint format {state['format']}, this fedrc "
+            f"reads up to {CHECKPOINT_FORMAT}); upgrade fedrc"
+        )
     return state
 
 
+def state_identity(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The configuration a checkpoint or model.pt was written with (TrainConfig.identity())."""
+    try:
+        identity = json.loads(state["identity"])
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise FedrcError(f"{path}: not a fedrc checkpoint (no configuration recorded)") from None
+    if not isinstance(identity, dict):
+        raise FedrcError(f"{path}: not a fedrc checkpoint (no configuration recorded)")
+    return identity
+
+
+def identity_mismatch(recorded: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """None when equal, else what differs, e.g. "algorithm fedem there, fedrc here"."""
+    if recorded == wanted:
+        return None
+    if recorded.get("data_digest") != wanted.get("data_digest"):
+        return "another dataset (the shards' hashes differ)"
+    keys = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k))
+    what = "; ".join(f"{k} {recorded.get(k)!r} there, {wanted.get(k)!r} here" for k in keys[:4])
+    return "another configuration (" + what + (", …" if len(keys) > 4 else "") + ")"
+
+
+def checkpoint_round(out: Path) -> int | None:
+    """The round `checkpoint.pt` in `out` holds, or None when there is no usable checkpoint."""
+    try:
+        return int(load_state(out / CHECKPOINT)["round"])
+    except (FedrcError, KeyError, TypeError, ValueError):
+        return None
+
+
 def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
+    line = json.dumps(row, sort_keys=True) + "\n"
+    with naming(path), path.open("a") as f:
+        f.write(line)  # one write: a crash can tear only this last line (see read_metrics)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
+    """The rows of metrics.jsonl; with `torn_tail_ok` (resuming) an unfinished last line,
+    left by a run killed while writing it, is dropped instead of refused."""
     if not path.is_file():
         raise FedrcError(f"{path}: not found (did `fedrc train` finish?)")
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise FedrcError(f"{path}: line {number} is not JSON") from None
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError
+            rows.append(row)
+        except ValueError:  # JSONDecodeError included
+            if torn_tail_ok and number == len(lines) and not text.endswith("\n"):
+                break
+            raise FedrcError(
+                f"{path}: line {number} is not a metrics row (a crashed run? continue it with "
+                "`fedrc train --resume`)"
+            ) from None
     return rows
 
 
@@ -73,7 +135,7 @@ def truncate_metrics(path: Path, last_round: int) -> None:
     """Keep the lines of rounds ≤ last_round (a resumed run rewrites the rest)."""
     if not path.exists():
         return
-    keep = [r for r in read_metrics(path) if r["round"] <= last_round]
+    keep = [r for r in read_metrics(path, torn_tail_ok=True) if r["round"] <= last_round]
     with atomic_file(path) as tmp:
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
+from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
@@ -23,7 +24,7 @@ from pipeline.evaluate import (
     score_clients,
     summarize,
 )
-from pipeline.io import write_json
+from pipeline.io import atomic_files
 from pipeline.training import make_executor, resolve_device, run_training
 
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
@@ -45,9 +46,13 @@ def run_config(run: Path) -> TrainConfig:
     try:
         values = json.loads(path.read_text())
         values.pop("data_digest", None)
-        return TrainConfig(**values)
-    except (json.JSONDecodeError, TypeError) as e:
+        config = TrainConfig(**values)
+        config.validate()
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as e:
         raise FedrcError(f"{path}: not a fedrc run configuration ({e})") from None
+    except FedrcError as e:
+        raise FedrcError(f"{path}: {e}") from None
+    return config
 
 
 def _at(row: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -60,9 +65,17 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     run = Path(config.run)
     train_config = run_config(run)
     final = rf.load_state(run / rf.MODEL)
+    recorded = rf.state_identity(run / rf.MODEL, final)
     data = load_federated(Path(train_config.data))
-    if json.loads(final["identity"])["data_digest"] != data_digest(data.manifest):
-        raise FedrcError(f"--run: {run} was trained on other data than {train_config.data}")
+    if recorded.get("data_digest") != data_digest(data.manifest):
+        raise FedrcError(
+            f"{run / rf.MODEL}: trained on other data than {train_config.data} (the shards' "
+            "hashes differ); retrain, or point train.data at the data it was trained on"
+        )
+    wanted = {**train_config.identity(), "data_digest": recorded["data_digest"]}
+    other = rf.identity_mismatch(recorded, wanted)
+    if other is not None:
+        raise FedrcError(f"{run / rf.MODEL}: does not belong to {run / rf.CONFIG}: {other}")
     prefix = "hard_" if config.hard else ""
     evaluated = [r for r in rf.read_metrics(run / rf.METRICS) if "train_accuracy" in r]
     if not evaluated:
@@ -78,6 +91,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     data = data.to(device)
     models = final["models"].to(device)
     logits = algorithm.combine_logits(all_logits(executor, models, data))
+    require_finite(f"{run / rf.MODEL}: round {final['round']}", {}, logits)
     if config.finetune:
         if train_config.algorithm == "fedsoft":
             raise FedrcError("--finetune: FedSoft already scores clients with personal models")
@@ -112,8 +126,10 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
         }
         for i, (c, s) in enumerate(zip(data.clients, scores))
     ]
-    write_json(run / "eval.json", result)
-    write_json(run / "eval_clients.json", clients)
+    require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
+    with atomic_files(run / "eval.json", run / "eval_clients.json") as (tmp, tmp_clients):
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        tmp_clients.write_text(json.dumps(clients, indent=2, sort_keys=True) + "\n")
     return result
 
 

@@ -17,12 +17,14 @@ import torch
 
 from pipeline import run_files as rf
 from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.checks import require_finite
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.engine import BatchedExecutor, LocalResult, LocalTask, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
 from pipeline.evaluate import evaluate_round, omega_table, per_sample_losses
+from pipeline.io import write_json
 from pipeline.models import build_model
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -176,7 +178,8 @@ def run_training(
     out = Path(config.out)
     prepare_run_dir(out, resume, overwrite)
     digest = data_digest(data.manifest)
-    identity = json.dumps({**config.identity(), "data_digest": digest}, sort_keys=True)
+    wanted = {**config.identity(), "data_digest": digest}
+    identity = json.dumps(wanted, sort_keys=True)
 
     executor = make_executor(config, data, device)
     algorithm = build_algorithm(config, len(data.clients), data.num_classes)
@@ -185,10 +188,11 @@ def run_training(
     start, cached, eval_rounds, history = 0, None, [], []
     if resume:
         state = rf.load_state(out / rf.CHECKPOINT)
-        if state.get("identity") != identity:
+        other = rf.identity_mismatch(rf.state_identity(out / rf.CHECKPOINT, state), wanted)
+        if other is not None:
             raise FedrcError(
-                f"--resume: {out / rf.CHECKPOINT} was written with another configuration or "
-                "dataset; start a new run with another --out"
+                f"--resume: {out / rf.CHECKPOINT} was written with {other}; "
+                "start a new run with another --out"
             )
         models = state["models"].to(device)
         algorithm.load_state_dict(state["algorithm"])
@@ -197,9 +201,7 @@ def run_training(
         momentum.buffers = state["momentum"]
         cached = None if state["cached_logits"] is None else state["cached_logits"].to(device)
         rf.truncate_metrics(out / rf.METRICS, start)
-    (out / rf.CONFIG).write_text(
-        json.dumps({**config_dict(config), "data_digest": digest}, indent=2, sort_keys=True)
-    )
+    write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
 
     for round_ in range(start + 1, config.rounds + 1):
         tic = time.perf_counter()
@@ -209,25 +211,27 @@ def run_training(
         cached = None
         if round_ % config.eval_every == 0 or round_ == config.rounds:
             scores, cached = evaluate_round(algorithm, executor, models, data)
+            require_finite(f"round {round_}: evaluation", scores, cached, config.lr)
             row.update(scores)
             eval_rounds.append(round_)
             history.append(omega_table(algorithm, len(data.clients)).float())
         row = {"round": round_, **row, "seconds": time.perf_counter() - tic}
         rf.append_metrics(out / rf.METRICS, row)
         rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
-        rf.save_state(
-            out / rf.CHECKPOINT,
-            {
-                "identity": identity,
-                "round": round_,
-                "models": models.cpu(),
-                "algorithm": algorithm.state_dict(),
-                "eval_rounds": eval_rounds,
-                "omega_history": history,
-                "momentum": momentum.buffers,
-                "cached_logits": None if cached is None else cached.cpu(),
-            },
-        )
+        if round_ % config.checkpoint_every == 0 or round_ == config.rounds:
+            rf.save_state(
+                out / rf.CHECKPOINT,
+                {
+                    "identity": identity,
+                    "round": round_,
+                    "models": models.cpu(),
+                    "algorithm": algorithm.state_dict(),
+                    "eval_rounds": eval_rounds,
+                    "omega_history": history,
+                    "momentum": momentum.buffers,
+                    "cached_logits": None if cached is None else cached.cpu(),
+                },
+            )
         if on_round is not None:
             on_round(row)
 

@@ -101,7 +101,10 @@ def assert_one_line_error(result, culprit: str) -> None:
         (["partition", *TINY, "--alpha-within", "0"], "partition.alpha_within"),
         (["partition", *TINY, "--classes-per-client", "11"], "partition.classes_per_client"),
         (["partition", *TINY, "--group-classes", "1"], "partition.group_classes"),
-        (["partition", *TINY, "--label-groups", "13"], "partition.label_groups"),
+        (
+            ["partition", *TINY, "--label-split", "cluster_dirichlet", "--label-groups", "13"],
+            "partition.label_groups",
+        ),
         (["partition", *TINY, "--shifts", "label,style"], "partition.shifts"),
         (["partition", *TINY, "--concepts", "identity,mirror"], "partition.concepts"),
         (["partition", *TINY, "--concepts", "shift,shift"], "partition.concepts"),

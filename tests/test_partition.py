@@ -222,7 +222,7 @@ def test_changed_shard_and_old_format_are_refused(tmp_path: Path) -> None:
     build(tmp_path, "a")
     shard = tmp_path / "a" / "shards" / "client-00002.parquet"
     shard.write_bytes(shard.read_bytes() + b"\0")
-    with pytest.raises(FedrcError, match=r"client-00002\.parquet: SHA-256 differs"):
+    with pytest.raises(FedrcError, match=r"client-00002\.parquet: SHA-256 does not match"):
         load_federated(tmp_path / "a")
     manifest = tmp_path / "a" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 1'))

@@ -162,6 +162,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     missing = [k for k in (*needed, "content_hash") if k not in manifest]
     if missing:
         raise FedrcError(f"{path}: manifest lacks {', '.join(missing)}")
+    per_client = ("client_id", "participating", "concept", "style", "train_size", "test_size")
+    for entry in manifest["clients"] if isinstance(manifest["clients"], list) else [None]:
+        if not isinstance(entry, dict) or any(k not in entry for k in per_client):
+            raise FedrcError(f"{path}: a client entry lacks one of {', '.join(per_client)}")
     if content_hash(manifest["files"]) != manifest["content_hash"]:
         raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
     return manifest
@@ -223,16 +227,13 @@ def load_federated(folder: Path) -> FederatedData:
         path = folder / SHARDS / shard_name(position)
         if not path.is_file():
             raise FedrcError(f"{path}: shard missing")
-        if sha256_file(path) != manifest["files"].get(path.name):
-            raise FedrcError(
-                f"{path}: SHA-256 differs from the manifest (changed or corrupt shard)"
-            )
+        check_shard_hash(path, manifest)
         table = read_parquet(path, "shard missing")
         expected = entry["train_size"] + entry["test_size"]
-        if table.num_rows != expected or table.schema.field("image").type != pa.binary(image_bytes):
+        if table.num_rows != expected or not table.schema.equals(_schema(image_bytes)):
             raise FedrcError(
-                f"{path}: shard does not match the manifest ({table.num_rows} rows, "
-                f"expected {expected} images of {image_bytes} bytes)"
+                f"{path}: shard does not match the manifest ({table.num_rows} rows, expected "
+                f"{expected} rows in fedrc's shard schema with {image_bytes}-byte images)"
             )
         column = table.column("image").combine_chunks()
         raw = np.frombuffer(column.buffers()[1], dtype=np.uint8)
@@ -259,6 +260,18 @@ def load_federated(folder: Path) -> FederatedData:
         torch.from_numpy(distinct),
         torch.from_numpy(inverse.reshape(-1)),
     )
+
+
+def check_shard_hash(path: Path, manifest: dict[str, Any]) -> None:
+    """The shard's SHA-256 must be the one the manifest recorded when it was written."""
+    recorded = manifest.get("files", {}).get(path.name)
+    if recorded is None:
+        raise FedrcError(f"{path}: the manifest records no SHA-256 for this shard")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise FedrcError(
+            f"{path}: SHA-256 does not match the manifest (the shard was changed or damaged "
+            "after `fedrc partition`); partition again"
+        )
 
 
 def data_digest(manifest: dict[str, Any]) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import nn
 
 from pipeline.models.cnn import FmnistCNN
-from pipeline.models.torchvision_nets import torchvision_net
 
 
 def build_model(
@@ -19,4 +18,6 @@ def build_model(
     height, width, channels = image_shape
     if name == "cnn":
         return FmnistCNN(channels, height, width, num_classes)
+    from pipeline.models.torchvision_nets import torchvision_net  # torchvision: 1–2 s to import
+
     return torchvision_net(name, channels, num_classes, pretrained, norm)

@@ -1,0 +1,651 @@
+"""Bad input, interruption and untrusted files never cost a user their work (DESIGN principle 5).
+
+Every failure is one line that names the option, key or file, a non-zero exit, no traceback,
+and no half-written output: the folder a command would write is byte for byte what it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedrc_cli.app import app
+from pipeline import run_files as rf
+from pipeline.checks import require_finite
+from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
+from pipeline.data.shards import content_hash
+from pipeline.errors import FedrcError
+from pipeline.io import atomic_files
+from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+PART = dict(dataset="synthetic", clients=6, samples_per_client=40, holdout_samples=30)
+TRAIN = dict(rounds=2, local_epochs=1, batch_size=16, lr=0.05, clusters=2, device="cpu")
+FAST = ["--local-epochs", "1", "--batch-size", "16", "--clusters", "2", "--device", "cpu"]
+RUN_R = ["--data", "d", "--algorithm", "fedrc", "--lr", "0.05", *FAST]  # the options of run r
+
+
+def options(values: dict) -> list[str]:
+    return [x for k, v in values.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """d, d2: two tiny partitions; r: a finished fedrc run (evaluated, plotted); r2: fedavg."""
+    root = tmp_path_factory.mktemp("world")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)  # relative paths inside the run files: a copy of root is self-contained
+        partition_stage(PartitionConfig(**PART, out="d"))
+        partition_stage(PartitionConfig(**PART, seed=1, out="d2"))
+        train_stage(TrainConfig(data="d", algorithm="fedrc", out="r", **TRAIN))
+        train_stage(TrainConfig(data="d", algorithm="fedavg", out="r2", **TRAIN))
+        eval_stage(EvalConfig(run="r"))
+        plot_stage(PlotConfig(run="r", dpi=30))
+    return root
+
+
+@pytest.fixture
+def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh copy of `world` as the working directory."""
+    root = tmp_path / "w"
+    shutil.copytree(world, root)
+    monkeypatch.chdir(root)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): "dir"
+        if p.is_dir()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line(result, *culprits: str, code: int | None = None) -> str:
+    assert result.exit_code != 0 if code is None else result.exit_code == code, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]  # stdout: progress
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output and lines[0].startswith("Error:"), result.output
+    for culprit in culprits:
+        assert culprit in lines[0], (culprit, lines[0])
+    return lines[0]
+
+
+class Evil:
+    """What an attacker would put in a checkpoint: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+# ---- mutations: how a case damages the copy of `world` before the command runs --------------
+
+
+def write(rel: str, text: str) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_text(text)
+
+
+def remove(rel: str) -> Callable[[Path], None]:
+    return lambda root: (root / rel).unlink()
+
+
+def truncate(rel: str, keep: int = 100) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes((root / rel).read_bytes()[:keep])
+
+
+def flip_byte(rel: str) -> Callable[[Path], None]:
+    def go(root: Path) -> None:
+        data = bytearray((root / rel).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (root / rel).write_bytes(bytes(data))
+
+    return go
+
+
+def crafted_pickle(rel: str) -> Callable[[Path], None]:
+    def go(root: Path) -> None:
+        torch.save({"format": 1, "payload": Evil(root / "PWNED")}, root / rel)
+
+    return go
+
+
+def edit_state(rel: str, **changes) -> Callable[[Path], None]:
+    def go(root: Path) -> None:
+        state = rf.load_state(root / rel)
+        state.update(changes)
+        state.pop("format")
+        torch.save({**state, "format": changes.get("format", rf.CHECKPOINT_FORMAT)}, root / rel)
+
+    return go
+
+
+def schema_change(root: Path) -> None:
+    """Shard 0 with an int32 label column, and a manifest that records the new file's hash."""
+    path = root / "d/shards/client-00000.parquet"
+    table = pq.read_table(path)
+    table = table.set_column(1, "label", table.column("label").cast(pa.int32()))
+    pq.write_table(table, path)
+    manifest = json.loads((root / "d/manifest.json").read_text())
+    manifest["files"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest["content_hash"] = content_hash(manifest["files"])
+    (root / "d/manifest.json").write_text(json.dumps(manifest))
+
+
+def edit_config(**changes) -> Callable[[Path], None]:
+    def go(root: Path) -> None:
+        config = json.loads((root / "r/config.json").read_text())
+        (root / "r/config.json").write_text(json.dumps({**config, **changes}))
+
+    return go
+
+
+def nothing(root: Path) -> None:
+    pass
+
+
+TORN = '{"round": 1, "train_loss": 0.5}\n{"round": 2, "train_lo'
+RESUME = ["train", *RUN_R, "--rounds", "3", "--out", "r", "--resume"]
+
+CASES = [
+    # partition: options
+    ("p-dataset", ["partition", "--dataset", "imagenet"], nothing, ["partition.dataset", "one of"]),
+    (
+        "p-alpha-0",
+        ["partition", "--dataset", "synthetic", "--alpha", "0"],
+        nothing,
+        ["alpha", "> 0"],
+    ),
+    ("p-alpha-nan", ["partition", "--alpha", "nan"], nothing, ["partition.alpha", "finite"]),
+    ("p-clients", ["partition", "--clients", "1"], nothing, ["partition.clients", ">= 2"]),
+    ("p-test-frac", ["partition", "--test-fraction", "1.5"], nothing, ["test_fraction", "(0, 1)"]),
+    ("p-styles", ["partition", "--styles", "fog"], nothing, ["partition.styles", "names from"]),
+    (
+        "p-holdout",
+        ["partition", *options(PART), "--holdout-samples", "5", "--out", "d"],
+        nothing,
+        ["partition.holdout_samples", ">= 10"],
+    ),
+    (
+        "p-too-many",
+        [
+            "partition",
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "500",
+            "--samples-per-client",
+            "50",
+            "--out",
+            "new",
+        ],
+        nothing,
+        ["--clients"],
+    ),
+    # partition: params files
+    ("p-params-missing", ["partition", "--params", "missing.yaml"], nothing, ["--params"]),
+    (
+        "p-unknown-key",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition:\n  colour: 1\n"),
+        ["partition.colour", "unknown key"],
+    ),
+    (
+        "p-wrong-type",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition:\n  clients: ten\n"),
+        ["partition.clients", "an integer"],
+    ),
+    (
+        "p-not-yaml",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition: [1,\n"),
+        ["p.yaml", "YAML"],
+    ),
+    (
+        "p-section",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition: 3\n"),
+        ["partition", "mapping"],
+    ),
+    (
+        "p-section-typo",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partitoin:\n  clients: 4\n"),
+        ["p.yaml", "'partitoin'", "did you mean 'partition'"],
+    ),
+    # train: options and params
+    ("t-algorithm", ["train", "--algorithm", "fedfoo"], nothing, ["train.algorithm", "one of"]),
+    ("t-participation", ["train", "--participation", "1.5"], nothing, ["participation", "(0, 1]"]),
+    (
+        "t-ckpt-every",
+        ["train", "--checkpoint-every", "0"],
+        nothing,
+        ["train.checkpoint_every", ">= 1"],
+    ),
+    ("t-lr-inf", ["train", "--lr", "inf"], nothing, ["train.lr", "finite"]),
+    (
+        "t-batch",
+        ["train", "--params", "p.yaml"],
+        write("p.yaml", "train:\n  batch_size: 0\n"),
+        ["train.batch_size", ">= 1"],
+    ),
+    (
+        "t-momentum",
+        ["train", "--params", "p.yaml"],
+        write("p.yaml", "train:\n  momentum: 1\n"),
+        ["train.momentum", "[0, 1)"],
+    ),
+    # train: the manifest and the shards
+    ("t-no-data", ["train", "--data", "nowhere", "--out", "new"], nothing, ["manifest.json"]),
+    (
+        "t-manifest-json",
+        ["train", *RUN_R, "--out", "new"],
+        truncate("d/manifest.json", 30),
+        ["d/manifest.json", "corrupt"],
+    ),
+    (
+        "t-manifest-keys",
+        ["train", *RUN_R, "--out", "new"],
+        write("d/manifest.json", "{}"),
+        ["d/manifest.json", "not a fedrc manifest"],
+    ),
+    (
+        "t-shard-missing",
+        ["train", *RUN_R, "--out", "new"],
+        remove("d/shards/client-00002.parquet"),
+        ["client-00002.parquet", "missing"],
+    ),
+    (
+        "t-shard-truncated",
+        ["train", *RUN_R, "--out", "new"],
+        truncate("d/shards/client-00003.parquet"),
+        ["client-00003.parquet", "damaged"],
+    ),
+    (
+        "t-shard-hash",
+        ["train", *RUN_R, "--out", "new"],
+        flip_byte("d/shards/client-00001.parquet"),
+        ["client-00001.parquet", "SHA-256"],
+    ),
+    (
+        "t-shard-schema",
+        ["train", *RUN_R, "--out", "new"],
+        schema_change,
+        ["client-00000.parquet", "schema"],
+    ),
+    # train: run folders
+    ("t-existing-run", ["train", *RUN_R, "--out", "r"], nothing, ["--out", "--resume"]),
+    ("t-resume-empty", ["train", *RUN_R, "--out", "new", "--resume"], nothing, ["--resume"]),
+    ("t-resume-overwrite", [*RESUME, "--overwrite"], nothing, ["--resume", "--overwrite"]),
+    (
+        "t-resume-algorithm",
+        ["train", *RUN_R, "--algorithm", "fedem", "--rounds", "3", "--out", "r", "--resume"],
+        nothing,
+        ["checkpoint.pt", "algorithm 'fedrc' there"],
+    ),
+    (
+        "t-resume-lr",
+        ["train", *RUN_R, "--lr", "0.01", "--rounds", "3", "--out", "r", "--resume"],
+        nothing,
+        ["checkpoint.pt", "another configuration", "lr 0.05 there, 0.01 here"],
+    ),
+    (
+        "t-resume-data",
+        ["train", *RUN_R, "--data", "d2", "--rounds", "3", "--out", "r", "--resume"],
+        nothing,
+        ["checkpoint.pt", "another dataset"],
+    ),
+    (
+        "t-resume-newer",
+        RESUME,
+        edit_state("r/checkpoint.pt", format=99),
+        ["checkpoint.pt", "newer"],
+    ),
+    ("t-resume-pickle", RESUME, crafted_pickle("r/checkpoint.pt"), ["checkpoint.pt", "refused"]),
+    ("t-resume-truncated", RESUME, truncate("r/checkpoint.pt", 500), ["checkpoint.pt", "damaged"]),
+    (
+        "t-resume-metrics",
+        RESUME,
+        write("r/metrics.jsonl", '{"round": 1\n{"round": 2}\n'),
+        ["metrics.jsonl", "line 1"],
+    ),
+    # eval
+    ("e-no-run", ["eval", "--run", "nowhere"], nothing, ["config.json"]),
+    ("e-config", ["eval", "--run", "r"], truncate("r/config.json", 20), ["r/config.json"]),
+    ("e-config-value", ["eval", "--run", "r"], edit_config(lr=-1.0), ["r/config.json", "train.lr"]),
+    ("e-model-missing", ["eval", "--run", "r"], remove("r/model.pt"), ["model.pt", "not found"]),
+    (
+        "e-model-pickle",
+        ["eval", "--run", "r"],
+        crafted_pickle("r/model.pt"),
+        ["model.pt", "refused"],
+    ),
+    (
+        "e-model-other-alg",
+        ["eval", "--run", "r"],
+        lambda root: shutil.copy(root / "r2/model.pt", root / "r/model.pt"),
+        ["model.pt", "algorithm 'fedavg' there, 'fedrc' here"],
+    ),
+    ("e-model-digest", ["eval", "--run", "r"], edit_config(data="d2"), ["model.pt", "other data"]),
+    (
+        "e-model-newer",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", format=7),
+        ["model.pt", "newer"],
+    ),
+    (
+        "e-metrics-torn",
+        ["eval", "--run", "r"],
+        write("r/metrics.jsonl", TORN),
+        ["metrics.jsonl", "line 2"],
+    ),
+    (
+        "e-unknown-key",
+        ["eval", "--params", "p.yaml"],
+        write("p.yaml", "eval:\n  hardd: true\n"),
+        ["eval.hardd", "unknown key"],
+    ),
+    # plot
+    ("pl-dpi", ["plot", "--run", "r", "--dpi", "1"], nothing, ["plot.dpi", "[20, 600]"]),
+    ("pl-no-run", ["plot", "--run", "nowhere"], nothing, ["config.json"]),
+    (
+        "pl-assignments",
+        ["plot", "--run", "r"],
+        truncate("r/assignments.parquet"),
+        ["assignments.parquet", "corrupt"],
+    ),
+    (
+        "pl-no-assignments",
+        ["plot", "--run", "r"],
+        remove("r/assignments.parquet"),
+        ["assignments.parquet"],
+    ),
+    (
+        "pl-metrics-mid",
+        ["plot", "--run", "r"],
+        write("r/metrics.jsonl", "garbage\n{}\n"),
+        ["metrics.jsonl", "line 1"],
+    ),
+    ("pl-manifest", ["plot", "--run", "r"], remove("d/manifest.json"), ["manifest.json"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "mutate", "culprits"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_one_line_and_leaves_outputs_alone(here: Path, args, mutate, culprits) -> None:
+    mutate(here)
+    before = snapshot(here)
+    assert_one_line(invoke(*args), *culprits)
+    assert snapshot(here) == before  # nothing written, nothing left half-written
+    assert not (here / "PWNED").exists()
+
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "model.pt"])
+def test_crafted_pickle_never_runs(here: Path, name: str) -> None:
+    marker = here / "PWNED"
+    (here / "r" / name).write_bytes(pickle.dumps({"format": 1, "x": Evil(marker)}))  # plain pickle
+    args = RESUME if name == "checkpoint.pt" else ["eval", "--run", "r"]
+    assert_one_line(invoke(*args), name, "refused", code=2)
+    assert not marker.exists()
+
+
+def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:
+    args = ["train", *RUN_R, "--algorithm", "fedavg", "--rounds", "4", "--out", "nan"]
+    line = assert_one_line(invoke(*args, "--lr", "1e6"), "round 1", "client", "--lr", code=2)
+    assert "diverged" in line and not Path("nan/checkpoint.pt").exists()
+    line = assert_one_line(invoke(*args, "--lr", "3", "--overwrite"), "client", "--lr", code=2)
+    failed = int(line.split("round ")[1].split(",")[0])
+    assert failed >= 2  # lr 3 survives round 1 on this data
+    state = rf.load_state(Path("nan/checkpoint.pt"))  # intact and loadable: resumable
+    assert state["round"] == failed - 1 and torch.isfinite(state["models"]).all()
+    assert not Path("nan/model.pt").exists()
+
+
+def test_non_finite_evaluation_names_the_round(here: Path, monkeypatch) -> None:
+    import pipeline.training as training
+
+    real = training.evaluate_round
+
+    def nan_logits(*args):
+        scores, logits = real(*args)
+        return scores, torch.full_like(logits, float("nan"))
+
+    monkeypatch.setattr(training, "evaluate_round", nan_logits)
+    line = assert_one_line(invoke("train", *RUN_R, "--rounds", "2", "--out", "x"), code=2)
+    assert "round 1: evaluation: non-finite logits" in line
+    monkeypatch.undo()
+    monkeypatch.chdir(here)
+
+    # model.pt with NaN weights: eval refuses it and leaves eval.json as it was
+    state = rf.load_state(Path("r/model.pt"))
+    state["models"] = torch.full_like(state["models"], float("nan"))
+    rf.save_state(Path("r/model.pt"), state)
+    before = Path("r/eval.json").read_bytes()
+    assert_one_line(invoke("eval", "--run", "r"), "model.pt: round 2", "non-finite", code=2)
+    assert Path("r/eval.json").read_bytes() == before
+    with pytest.raises(FedrcError, match=r"non-finite global_accuracy_by_concept\.shift"):
+        require_finite("x", {"global_accuracy_by_concept": {"shift": float("nan")}}, None)
+
+
+def enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_names_the_file_and_leaves_no_partial_output(here: Path, monkeypatch) -> None:
+    import pipeline.data.shards as shards
+
+    before = snapshot(here)
+    with monkeypatch.context() as m:
+        m.setattr(shards.pq, "write_table", enospc)
+        line = assert_one_line(invoke("partition", *options(PART), "--out", "fresh"), code=1)
+    assert "fresh: no space left" in line and "--out" in line
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", enospc)
+        line = assert_one_line(invoke("eval", "--run", "r"), code=1)
+    assert "eval" in line and "no space left" in line
+    assert snapshot(here) == before  # no folder, no temporary files, eval.json unchanged
+
+    calls = {"n": 0}
+    real = Path.write_bytes
+
+    def second_checkpoint_fails(self, data):
+        if self.name.startswith(".checkpoint.pt.tmp"):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                enospc()
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", second_checkpoint_fails)
+    line = assert_one_line(invoke("train", *RUN_R, "--rounds", "3", "--out", "full"), code=1)
+    assert "full/checkpoint.pt: no space left" in line
+    assert rf.load_state(Path("full/checkpoint.pt"))["round"] == 1  # the previous one, intact
+    assert not [p for p in Path("full").iterdir() if p.name.startswith(".")]
+
+
+def test_out_of_gpu_memory_names_the_options(here: Path, monkeypatch) -> None:
+    import pipeline.training as training
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(training, "train_round", oom)
+    line = assert_one_line(invoke("train", *RUN_R, "--out", "x"), "out of GPU memory", code=1)
+    assert "--batch-size" in line and "--device cpu" in line
+
+
+def test_ctrl_c_says_where_it_stopped_and_how_to_resume(here: Path, monkeypatch) -> None:
+    import pipeline.training as training
+
+    real = training.train_round
+
+    def ctrl_c_in_round_5(round_, *args):
+        if round_ == 5:
+            raise KeyboardInterrupt
+        return real(round_, *args)
+
+    monkeypatch.setattr(training, "train_round", ctrl_c_in_round_5)
+    args = ["train", *RUN_R, "--rounds", "6", "--checkpoint-every", "3", "--out", "c"]
+    line = assert_one_line(invoke(*args), "interrupted after round 4", code=130)
+    assert "last checkpoint: round 3" in line and "fedrc train --out c --resume" in line
+    assert rf.load_state(Path("c/checkpoint.pt"))["round"] == 3
+    assert len(Path("c/metrics.jsonl").read_text().splitlines()) == 4
+    monkeypatch.setattr(training, "train_round", real)
+    assert invoke(*args, "--resume").exit_code == 0
+    assert [r["round"] for r in read_rows(Path("c/metrics.jsonl"))] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("command", ["partition", "eval", "plot"])
+def test_sigterm_in_any_stage_is_one_line_and_exit_143(here: Path, monkeypatch, command) -> None:
+    import fedrc_cli.evaluate
+    import fedrc_cli.partition
+    import fedrc_cli.plot
+
+    module, stage = {
+        "partition": (fedrc_cli.partition, "partition_stage"),
+        "eval": (fedrc_cli.evaluate, "eval_stage"),
+        "plot": (fedrc_cli.plot, "plot_stage"),
+    }[command]
+    real = getattr(module, stage)
+
+    def killed_midway(config):
+        real(config)  # writes its output (atomically) ...
+        os.kill(os.getpid(), signal.SIGTERM)  # ... and a scheduler stops the job before exit
+
+    monkeypatch.setattr(module, stage, killed_midway)
+    previous = signal.getsignal(signal.SIGTERM)
+    tiny = ["--dataset", "synthetic", "--clients", "4", "--samples-per-client", "20"]
+    args = {"partition": [*tiny, "--holdout-samples", "20", "--out", "fresh"]}
+    line = assert_one_line(invoke(command, *args.get(command, ["--run", "r"])), code=143)
+    assert "terminated (SIGTERM)" in line
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
+
+
+def test_metrics_torn_tail_only_tolerated_on_resume(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(TORN)
+    assert [r["round"] for r in rf.read_metrics(path, torn_tail_ok=True)] == [1]
+    with pytest.raises(FedrcError, match="line 2"):
+        rf.read_metrics(path)
+    path.write_text('{"round": 1, "train_lo\n{"round": 2}\n')  # torn, then more: not a crash
+    with pytest.raises(FedrcError, match="line 1"):
+        rf.read_metrics(path, torn_tail_ok=True)
+    rf.truncate_metrics(path.with_name("none.jsonl"), 3)  # no file: nothing to do
+
+
+def test_checkpoint_every_does_not_change_identity() -> None:
+    a, b = TrainConfig(checkpoint_every=1), TrainConfig(checkpoint_every=5)
+    assert a.identity() == b.identity() and "checkpoint_every" not in a.identity()
+
+
+def test_atomic_files_rename_all_or_none(tmp_path: Path) -> None:
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text("old one")
+    with pytest.raises(RuntimeError), atomic_files(one, two) as (a, b):
+        b.write_text("new two")
+        a.write_text("new one")
+        raise RuntimeError("interrupted between the two files")
+    assert one.read_text() == "old one" and not two.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json"]
+
+
+# ---- interrupted training, as a real process ------------------------------------------------
+
+KILL_ROUNDS = dict(rounds=8, checkpoint_every=2, eval_every=3)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedrc_cli", *[str(a) for a in args]]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"}
+        for line in path.read_text().splitlines()
+    ]
+
+
+def start(root: Path, *extra: str) -> subprocess.Popen:
+    args = cli("train", *RUN_R, *options(KILL_ROUNDS), "--out", "part", *extra)
+    return subprocess.Popen(
+        args, cwd=root, env=child_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def stop_after(proc: subprocess.Popen, metrics: Path, lines: int, sig: signal.Signals) -> str:
+    """Send `sig` once metrics.jsonl has `lines` lines; the child's stderr."""
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= lines):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    return proc.communicate(timeout=60)[1]
+
+
+def test_terminated_then_killed_training_resumes_to_identical_numbers(here: Path) -> None:
+    """SIGTERM, --resume, SIGKILL (plus a torn metrics line), --resume: the same numbers and
+    the same model.pt, bit for bit, as one uninterrupted run."""
+    metrics = here / "part" / "metrics.jsonl"
+    err = stop_after(start(here), metrics, 3, signal.SIGTERM)
+    saved = rf.load_state(here / "part" / "checkpoint.pt")["round"]  # intact
+    assert saved in (2, 4, 6), saved
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("Error: terminated (SIGTERM) after round"), lines[0]
+    assert f"last checkpoint: round {saved};" in lines[0] and "--resume" in lines[0], lines[0]
+
+    proc = start(here, "--resume")
+    stop_after(proc, metrics, saved + 3, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = rf.load_state(here / "part" / "checkpoint.pt")["round"]
+    assert saved < killed_at < 8
+    with metrics.open("a") as f:  # what a kill in the middle of a write leaves behind
+        f.write('{"round": 99, "train_lo')
+
+    proc = start(here, "--resume")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.count("round ") == 8 - killed_at and f"round {killed_at + 1}/8" in out
+
+    # the reference: the same run, uninterrupted, in this process with the child's threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = train_stage(
+            TrainConfig(data="d", algorithm="fedrc", out="ref", **{**TRAIN, **KILL_ROUNDS})
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert read_rows(here / "part" / "metrics.jsonl") == read_rows(ref / "metrics.jsonl")
+    ours, theirs = rf.load_state(here / "part" / "model.pt"), rf.load_state(ref / "model.pt")
+    for key in ("models", "omega"):
+        assert torch.equal(ours[key], theirs[key]), key
