@@ -68,6 +68,9 @@ def train(
     table_noise: Annotated[
         float | None, typer.Option(help="FedRC: std ξ of noise on uploaded label tables.")
     ] = None,
+    shared_body: Annotated[
+        bool | None, typer.Option(help="FedRC: one shared feature extractor, K heads.")
+    ] = None,
     warmup_rounds: Annotated[
         int | None, typer.Option(help="Fed-CAM: FedAvg rounds before clustering.")
     ] = None,
@@ -126,6 +129,7 @@ def train(
             prune_threshold=prune_threshold,
             hard_train=hard_train,
             table_noise=table_noise,
+            shared_body=shared_body,
             warmup_rounds=warmup_rounds,
             server_lr=server_lr,
             rounds=rounds,

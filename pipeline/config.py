@@ -210,6 +210,7 @@ class TrainConfig:
     prune_threshold: float | None = None  # FedRC adaptive K: remove models with mean γ < δ
     hard_train: bool = False  # FedRC TrHC: train only the arg-max ω model
     table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
+    shared_body: bool = False  # FedRC: one feature extractor shared by the K models, K heads
     eval_every: int = 1
     checkpoint_every: int = 1  # write checkpoint.pt every N rounds (and at the last round)
     seed: int = 0

@@ -26,6 +26,7 @@ from pipeline.errors import FedrcError
 from pipeline.evaluate import evaluate_round, omega_table, per_sample_losses
 from pipeline.io import write_json
 from pipeline.models import build_model
+from pipeline.models.layout import head_range
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -183,6 +184,7 @@ def run_training(
 
     executor = make_executor(config, data, device)
     algorithm = build_algorithm(config, len(data.clients), data.num_classes)
+    algorithm.head = head_range(executor.model)
     models = initial_models(executor, data, config, algorithm.num_rows)
     momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
     start, cached, eval_rounds, history = 0, None, [], []

@@ -136,3 +136,31 @@ def test_label_table_noise_is_seeded_gaussian() -> None:
     diff = noisy.tables[0] - clean.tables[0]
     assert diff.abs().min() > 0 and diff.std() > 5  # ξ = 25 swamps the counts
     torch.testing.assert_close(noisy.tables, again.tables)
+
+
+def test_shared_body_averages_bodies_by_gamma_mass_and_keeps_heads_apart() -> None:
+    rc = make("fedrc", shared_body=True)
+    rc.head = (2, 3)  # flat model: [body, body, head]
+    models = torch.zeros(2, 3)
+    rc.begin_round(models)
+    gamma = torch.tensor([[0.75, 0.25]] * 4)  # γ-mass 3 for model 0, 1 for model 1
+    tasks = rc.local_tasks(0, gamma, models, torch.zeros(2, 4, 3))
+    rc.receive(0, tasks[0], LocalResult(torch.tensor([4.0, 0.0, 1.0]), 0.0, None), 4)
+    rc.receive(0, tasks[1], LocalResult(torch.tensor([0.0, 8.0, 2.0]), 0.0, None), 4)
+    new = rc.aggregate(models)
+    body = torch.tensor([(3 * 4.0 + 0.0) / 4, (0.0 + 1 * 8.0) / 4])
+    torch.testing.assert_close(
+        new,
+        torch.stack(
+            [torch.cat([body, torch.tensor([1.0])]), torch.cat([body, torch.tensor([2.0])])]
+        ),
+    )
+
+
+def test_head_range_is_the_final_layer() -> None:
+    from pipeline.models import build_model
+    from pipeline.models.layout import head_range
+
+    model = build_model((28, 28, 1), 10)
+    total = sum(p.numel() for p in model.parameters())
+    assert head_range(model) == (total - 2048 * 10 - 10, total)

@@ -41,6 +41,9 @@ class Algorithm:
         self.omega = torch.full((num_clients, num_models), 1.0 / num_models, dtype=torch.float64)
         self._sums: torch.Tensor | None = None
         self._totals: torch.Tensor | None = None
+        # [start, stop) of the final layer in a flat model; set by the round loop for variants
+        # that share everything else across the K models
+        self.head: tuple[int, int] | None = None
 
     @property
     def num_rows(self) -> int:

@@ -15,6 +15,9 @@ Variants (options of `TrainConfig`):
   samples falls below δ is removed everywhere
 - `hard_train` (TrHC): each client trains only its arg-max ω model, on all its samples
 - `table_noise: ξ`  N(0, ξ²) added to every uploaded label table (paper Table 10)
+- `shared_body`  one feature extractor shared by the K models, K heads (paper Table 11): each
+  local copy trains body and head with its γ; the server averages the K heads separately and
+  the bodies of all copies together, each weighted by its γ-mass Σ_j γ_{ij;k}
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from pipeline.algorithms.fedem import FedEM
 from pipeline.config import TrainConfig
-from pipeline.engine.task import LocalTask
+from pipeline.engine.task import LocalResult, LocalTask
 
 
 class FedRC(FedEM):
@@ -91,6 +94,28 @@ class FedRC(FedEM):
             for k in range(self.num_models)
             if self.active[k]
         ]
+
+    def begin_round(self, models: torch.Tensor) -> None:
+        super().begin_round(models)
+        self._body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
+        self._body_mass = 0.0
+
+    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+        super().receive(client, task, result, num_samples)
+        if self.config.shared_body:
+            mass = float(task.weights.sum())
+            self._body_sum += mass * result.params
+            self._body_mass += mass
+
+    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
+        new = super().aggregate(models)
+        if self.config.shared_body and self._body_mass > 0:
+            start, stop = self.head
+            body = (self._body_sum / self._body_mass).to(models.dtype)
+            head = new[:, start:stop].clone()
+            new[:] = body
+            new[:, start:stop] = head
+        return new
 
     def end_round(self) -> None:
         totals = self.tables.sum(0).clamp(min=self.config.label_floor)
