@@ -37,7 +37,9 @@ CASES = {
 }  # FedRC: test_resume_distributed_run
 
 
-def torchrun(tmp: Path, data: Path, out: Path, values: dict, *flags: str) -> None:
+def torchrun(
+    tmp: Path, data: Path, out: Path, values: dict, *flags: str
+) -> subprocess.CompletedProcess[str]:
     """`torchrun --nproc-per-node 2 -m fedrc_cli train` with `values` from a params file."""
     params = tmp / f"params-{out.name}.json"  # JSON is YAML
     params.write_text(json.dumps({"train": values}))
