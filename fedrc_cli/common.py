@@ -17,10 +17,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from pipeline.config import TrainConfig, build_config, read_params
+from pipeline.distributed import env_rank
 from pipeline.errors import FedrcError
 
-console = Console()
-error_console = Console(stderr=True)
+# Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
+console = Console(quiet=env_rank() > 0)
+error_console = Console(stderr=True, quiet=env_rank() > 0)
 
 ParamsOption = Annotated[
     Path | None,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import distributed
 from pipeline import run_files as rf
 from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.checks import require_finite
@@ -174,6 +175,10 @@ def run_training(
     overwrite: bool = False,
     on_round: RoundCallback | None = None,
 ) -> Path:
+    if distributed.launched():  # torchrun with several processes: the clients are sharded
+        from pipeline.sharded import run_sharded
+
+        return run_sharded(config, resume=resume, overwrite=overwrite, on_round=on_round)
     device = resolve_device(config.device)
     data = load_federated(Path(config.data)).to(device)
     out = Path(config.out)

@@ -32,6 +32,11 @@ from pipeline.engine.task import LocalResult, LocalTask
 class Algorithm:
     name: ClassVar[str]
     paper: ClassVar[str]
+    # The attributes `receive` only adds N_i-weighted terms to. A distributed run (see
+    # pipeline.sharded) sums them over ranks instead of sending every trained model to every
+    # rank. Empty (the safe default): `receive` keeps per-client results, so each result is
+    # sent to every rank and every rank calls `receive` for every client, in client order.
+    summed: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
         self.num_models = num_models

@@ -33,6 +33,7 @@ LLOYD_ITERATIONS = 10
 class IFCACAM(Algorithm):
     name = "ifca-cam"
     paper = "Ma et al., NeurIPS 2023"
+    summed = ("_sums", "_totals", "_samples")
 
     def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
         super().__init__(num_models, num_clients, num_classes, config)
@@ -112,6 +113,7 @@ class IFCACAM(Algorithm):
 
 class FeSEMCAM(IFCACAM):
     name = "fesem-cam"
+    summed = ()  # K-means needs every client's cluster-side model
 
     def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
         super().__init__(num_models, num_clients, num_classes, config)

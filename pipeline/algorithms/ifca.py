@@ -16,6 +16,7 @@ from pipeline.engine.task import LocalTask
 class IFCA(Algorithm):
     name = "ifca"
     paper = "Ghosh et al., NeurIPS 2020"
+    summed = ("_sums", "_totals")  # the base class's weighted sum
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         k = int(losses.mean(0).argmin())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,6 +186,7 @@ class FederatedData:
     manifest: dict[str, Any]
     distinct: torch.Tensor  # rows holding each distinct image once (held-out clients share them)
     inverse: torch.Tensor  # row → position of its image in `distinct`
+    loaded: list[int] | None = None  # the clients whose rows are here (None: all of them)
 
     @property
     def num_classes(self) -> int:
@@ -212,10 +213,13 @@ class FederatedData:
             self.manifest,
             self.distinct.to(device),
             self.inverse.to(device),
+            self.loaded,
         )
 
 
-def load_federated(folder: Path) -> FederatedData:
+def load_federated(folder: Path, clients: Collection[int] | None = None) -> FederatedData:
+    """Every client's shard, or only those of `clients` (a distributed rank's share): the
+    others get empty slices and are left out of `loaded`."""
     manifest = read_manifest(folder)
     shape = tuple(manifest["image_shape"])  # (H, W, C)
     image_bytes = int(np.prod(shape))
@@ -224,6 +228,10 @@ def load_federated(folder: Path) -> FederatedData:
     for position, entry in enumerate(manifest["clients"]):
         if entry["client_id"] != position:
             raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
+        if clients is not None and position not in clients:
+            train_slices.append(slice(offset, offset))
+            test_slices.append(slice(offset, offset))
+            continue
         path = folder / SHARDS / shard_name(position)
         if not path.is_file():
             raise FedrcError(f"{path}: shard missing")
@@ -244,7 +252,8 @@ def load_federated(folder: Path) -> FederatedData:
         train_slices.append(slice(offset, offset + n_train))
         test_slices.append(slice(offset + n_train, offset + expected))
         offset += expected
-    pixels = np.concatenate(images)
+    pixels = np.concatenate(images) if images else np.zeros((0, *shape), np.uint8)
+    labels = labels or [np.zeros(0, np.int64)]
     rows = np.ascontiguousarray(pixels.reshape(len(pixels), -1))
     _, distinct, inverse = np.unique(
         rows.view(np.dtype((np.void, rows.shape[1]))).ravel(),
@@ -259,6 +268,7 @@ def load_federated(folder: Path) -> FederatedData:
         manifest,
         torch.from_numpy(distinct),
         torch.from_numpy(inverse.reshape(-1)),
+        None if clients is None else sorted(clients),
     )
 
 

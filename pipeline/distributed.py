@@ -1,0 +1,152 @@
+"""torch.distributed for one experiment spread over several processes, GPUs and machines.
+
+`torchrun` starts one process per GPU (or per CPU worker) and sets WORLD_SIZE, RANK and
+LOCAL_RANK; `Group.start` reads them and joins the process group: NCCL when the ranks train on
+CUDA (rank r on `cuda:LOCAL_RANK`), gloo on the CPU. Without torchrun (no WORLD_SIZE, or 1)
+nothing here runs and training is the single-process loop of `pipeline.training`.
+
+`Group` offers the few collectives the sharded round needs, and counts the bytes each one moves
+(`traffic`), so a benchmark can report the communication volume per round.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import FedrcError
+
+T = TypeVar("T")
+TIMEOUT = timedelta(minutes=30)  # a rank waits this long for the others in one collective
+_active: Group | None = None
+
+
+def world_size() -> int:
+    """The number of processes torchrun started (1 when run without torchrun)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def launched() -> bool:
+    """True in a process that torchrun started with more than one process in the job."""
+    return world_size() > 1
+
+
+def env_rank() -> int:
+    """This process's rank from the environment (0 without torchrun)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def active() -> Group | None:
+    """The group of the run in progress in this process (None when not distributed)."""
+    return _active
+
+
+class Group:
+    """The ranks of one run, and the collectives they use; `traffic` counts the bytes."""
+
+    def __init__(self, rank: int, size: int, device: torch.device) -> None:
+        self.rank, self.size, self.device = rank, size, device
+        self.traffic = {"all_reduce": 0, "all_gather": 0, "broadcast": 0}
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    @contextmanager
+    def start(cls, device_name: str) -> Iterator[Group]:
+        """Join the process group torchrun prepared; leave it however the run ends.
+
+        `device_name` is TrainConfig.device: auto / cuda give each rank `cuda:LOCAL_RANK` and
+        NCCL, cpu (or no GPU under auto) gives gloo.
+        """
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+        if cuda:
+            if local_rank >= torch.cuda.device_count():
+                raise FedrcError(
+                    f"torchrun: LOCAL_RANK {local_rank} but torch sees "
+                    f"{torch.cuda.device_count()} GPU(s); lower --nproc-per-node"
+                )
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
+        global _active
+        try:
+            _active = cls(dist.get_rank(), dist.get_world_size(), device)
+            yield _active
+        finally:
+            _active = None
+            dist.destroy_process_group()
+
+    # --- collectives ---------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (`tensor` must live on `device`)."""
+        dist.all_reduce(tensor)
+        self.traffic["all_reduce"] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def all_gather_rows(self, tensor: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+        """Every rank's rows: rank r holds `counts[r]` rows of the same trailing shape and dtype.
+
+        The counts are known everywhere, so the blocks are padded to the longest and gathered
+        in one call (all_gather needs equal sizes on every rank).
+        """
+        longest = max(counts)
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        blocks = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(blocks, padded.contiguous())
+        self.traffic["all_gather"] += padded.numel() * padded.element_size() * self.size
+        return [block[:n] for block, n in zip(blocks, counts)]
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        """Every rank's picklable `value` (small things: metadata, error messages)."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, value)
+        self.traffic["all_gather"] += len(pickle.dumps(value)) * self.size
+        return out
+
+    def broadcast_object(self, value: Any, src: int = 0) -> Any:
+        """Rank `src`'s picklable `value` on every rank."""
+        box = [value if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        self.traffic["broadcast"] += len(pickle.dumps(box[0]))
+        return box[0]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on at least one."""
+        votes = torch.tensor([float(flag)], device=self.device)
+        return bool(self.all_reduce(votes) > 0)
+
+    # --- agreement -----------------------------------------------------------------------
+    def agree(self, step: Callable[[], T], everywhere: bool = True) -> T | None:
+        """Run `step` (on every rank, or on rank 0 only) and fail on every rank if it failed
+        on one: the lowest failing rank's FedrcError is raised everywhere, so no rank is left
+        waiting in a collective that the failed rank will never join."""
+        result, error = None, None
+        if everywhere or self.is_main:
+            try:
+                result = step()
+            except FedrcError as e:
+                error = str(e)
+        errors = self.all_gather_object(error)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise FedrcError(first)
+        return result
