@@ -1,4 +1,4 @@
-"""The `fedrc` command: partition → train → eval → plot."""
+"""The `fedrc` command: partition → train → eval → plot, and report over many runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fedrc_cli.evaluate import evaluate
 from fedrc_cli.info import info
 from fedrc_cli.partition import partition
 from fedrc_cli.plot import plot
+from fedrc_cli.report import report
 from fedrc_cli.train import train
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app.command(no_args_is_help=False)(train)
 app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
 app.command(no_args_is_help=True)(info)
+app.command(no_args_is_help=True)(report)
 
 
 def main() -> None:

@@ -382,10 +382,36 @@ def read_params(path: Path | None) -> dict[str, Any]:
     return data
 
 
+def _per_algorithm(
+    params: dict[str, Any], algorithm: str, names: set[str], hints: dict[str, Any]
+) -> dict[str, Any]:
+    """`per_algorithm: {cfl: {lr: 0.1, max_clusters: 3}, ...}`: train keys for one algorithm.
+
+    DVC cannot index a table by a matrix item, so a pipeline that runs many algorithms from one
+    params file keeps their learning rates (and μ, max_clusters) here and fedrc picks the row.
+    """
+    table = params.get("per_algorithm") or {}
+    if not isinstance(table, dict):
+        raise FedrcError(f"per_algorithm: expected a mapping of algorithms, got {table!r}")
+    for name in table:
+        _require(name in ALGORITHMS, "per_algorithm", f"algorithms from {ALGORITHMS}", name)
+    row = table.get(algorithm) or {}
+    if not isinstance(row, dict):
+        raise FedrcError(f"per_algorithm.{algorithm}: expected a mapping, got {row!r}")
+    values = {}
+    for key, value in row.items():
+        where = f"per_algorithm.{algorithm}.{key}"
+        if key not in names or key == "algorithm":
+            raise FedrcError(f"{where}: unknown key (known: train keys except algorithm)")
+        values[key] = _coerce(where, value, hints[key])
+    return values
+
+
 def build_config(
     cls: type[Config], params: dict[str, Any], overrides: dict[str, Any] | None = None
 ) -> Config:
-    """Defaults, then params.yaml's section, then the CLI overrides that are not None."""
+    """Defaults, then params.yaml's section (train: then the algorithm's `per_algorithm` row),
+    then the CLI overrides that are not None."""
     section = SECTIONS[cls]
     raw = params.get(section) or {}
     if not isinstance(raw, dict):
@@ -397,6 +423,9 @@ def build_config(
         if key not in names:
             raise FedrcError(f"{section}.{key}: unknown key (known: {', '.join(sorted(names))})")
         values[key] = _coerce(f"{section}.{key}", value, hints[key])
+    if cls is TrainConfig:  # the algorithm's row of `per_algorithm` goes over the section
+        algorithm = (overrides or {}).get("algorithm") or values.get("algorithm", "fedrc")
+        values.update(_per_algorithm(params, algorithm, names, hints))
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value

@@ -39,3 +39,33 @@ def test_bad_params_name_the_key(tmp_path, section, cls, body, culprit) -> None:
 def test_missing_params_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(FedrcError, match="--params"):
         read_params(tmp_path / "nope.yaml")
+
+
+def test_per_algorithm_rows_go_over_the_train_section(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "train: {lr: 0.1, rounds: 5}\n"
+        "per_algorithm: {fedsoft: {lr: 0.03, mu: 0.1}, cfl: {max_clusters: 3}}\n"
+    )
+    params = read_params(path)
+    fedsoft = build_config(TrainConfig, params, {"algorithm": "fedsoft"})
+    assert (fedsoft.lr, fedsoft.mu, fedsoft.rounds) == (0.03, 0.1, 5)
+    assert build_config(TrainConfig, params, {"algorithm": "fedavg"}).lr == 0.1
+    assert build_config(TrainConfig, params, {"algorithm": "fedsoft", "lr": 0.5}).lr == 0.5
+    assert build_config(TrainConfig, params, {"algorithm": "cfl"}).num_models == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "culprit"),
+    [
+        ("per_algorithm: {fedfoo: {lr: 0.1}}", "per_algorithm"),
+        ("per_algorithm: {fedrc: {lr: fast}}", "per_algorithm.fedrc.lr"),
+        ("per_algorithm: {fedrc: {speed: 1}}", "per_algorithm.fedrc.speed"),
+        ("per_algorithm: {fedrc: {algorithm: fedem}}", "per_algorithm.fedrc.algorithm"),
+    ],
+)
+def test_bad_per_algorithm_rows_name_the_key(tmp_path: Path, body: str, culprit: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(body + "\n")
+    with pytest.raises(FedrcError, match=culprit.replace(".", r"\.")):
+        build_config(TrainConfig, read_params(path), {"algorithm": "fedrc"})

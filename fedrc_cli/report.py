@@ -1,0 +1,77 @@
+"""`fedrc report`: many runs → one table and one figure, next to the paper's Table 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from fedrc_cli.common import console, fail, user_errors
+from pipeline.report import build_report
+
+
+def _cell(row: dict[str, Any], stem: str) -> str:
+    mean, std = row[f"{stem}_mean"], row[f"{stem}_std"]
+    return "–" if mean is None else f"{mean:.1f}±{std:.1f}"
+
+
+def report(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Run folders, globs ('runs/*') or folders searched for runs.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Folder for report.md, report.csv and report.png.")
+    ] = Path("report"),
+    dpi: Annotated[int, typer.Option(help="Resolution of report.png.")] = 120,
+) -> None:
+    """Group runs by algorithm (seeds = runs that differ only in the seed), tabulate local and
+    global accuracy (mean ± std, best-train and last round) next to the paper's Table 1, and draw
+    the Figure 3 cluster maps of FedRC, FedEM, IFCA and FeSEM with a global-accuracy chart."""
+    with user_errors():
+        if not 20 <= dpi <= 600:
+            raise fail(f"--dpi: expected an integer in [20, 600], got {dpi}")
+        rows = build_report(runs, out, dpi)
+    lrs = sorted({r["lr"] for r in rows})
+    columns = ["algorithm", "seeds", "rounds", *(["lr"] if len(lrs) > 1 else [])]
+    table = Table(
+        title="accuracy (%), mean ± std over seeds",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for name in (*columns, "local", "global", "last", "purity", "paper"):
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    for r in rows:
+        paper = (
+            "–" if r["paper_local"] is None else f"{r['paper_local']:.1f}/{r['paper_global']:.1f}"
+        )
+        purity = "–" if r["purity_mean"] is None else f"{r['purity_mean']:.2f}"
+        table.add_row(
+            r["label"] + (" ★" if r["selected"] and _shared(rows, r) else ""),
+            r["seeds"].replace(" ", ","),
+            r["rounds"],
+            *([f"{r['lr']:g}"] if len(lrs) > 1 else []),
+            _cell(r, "local"),
+            _cell(r, "global"),
+            _cell(r, "final_global"),
+            purity,
+            paper,
+        )
+    console.print(table)
+    console.print(
+        "local, global: at the round with the best train accuracy (the paper's selection); "
+        "last: global accuracy at the last round; paper: Table 1, local/global"
+        + ("" if len(lrs) > 1 else f"; lr {lrs[0]:g} for all")
+    )
+    console.print(f"Wrote {out}/report.md, report.csv and report.png")
+
+
+def _shared(rows: list[dict[str, Any]], row: dict[str, Any]) -> bool:
+    return any(x["algorithm"] == row["algorithm"] and x["label"] != row["label"] for x in rows)

@@ -1,0 +1,421 @@
+"""Many runs → one table and one figure, next to the paper's Table 1 and Figure 3.
+
+Runs that differ only in their seed form a group (an algorithm under one configuration); a
+group's accuracies are the mean ± standard deviation over its seeds (numpy's std, ddof = 0), in
+percent, at the round with the best train accuracy (the paper's model selection) and at the
+last round. Every number comes from the runs' own files: eval.json (accuracies, purity),
+metrics.jsonl (rounds actually run), config.json (configuration, seed, benchmark) and
+assignments.parquet (ω at the last evaluated round, for the cluster maps).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import run_files as rf
+from pipeline.config import TrainConfig
+from pipeline.data.shards import data_digest, read_manifest
+from pipeline.errors import FedrcError
+from pipeline.io import atomic_files
+
+# The paper's published numbers: Guo et al., "Tackling Diverse Distribution Shifts Challenge in
+# Federated Learning by Robust Clustering" (FedRC), ICML 2024, Table 1, FashionMNIST (CNN)
+# columns: 300 clients, K = 3, mean local / global test accuracy (%) ± std at the round with the
+# best train accuracy. (label → ((local, ±), (global, ±)))
+PAPER_TABLE1_FMNIST: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "FedAvg": ((42.12, 0.33), (34.35, 0.92)),
+    "IFCA": ((47.90, 0.60), (31.30, 2.69)),
+    "CFL(3)": ((41.77, 0.40), (33.53, 0.35)),
+    "FeSEM": ((60.99, 1.01), (47.63, 0.99)),
+    "FedEM": ((56.64, 2.14), (28.08, 0.92)),
+    "FedRC": ((66.51, 2.39), (59.00, 4.91)),
+    "CFL": ((42.47, 0.02), (32.37, 0.09)),
+    "FedSoft": ((91.35, 0.04), (19.88, 0.50)),
+    "FedRC-FT": ((91.02, 0.26), (62.37, 1.09)),
+}
+PAPER_SOURCE = "Guo et al., ICML 2024, Table 1 (FashionMNIST, CNN, 300 clients, K = 3)"
+NAMES = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "ifca": "IFCA",
+    "cfl": "CFL",
+    "fesem": "FeSEM",
+    "fedem": "FedEM",
+    "fedsoft": "FedSoft",
+    "fedrc": "FedRC",
+    "ifca-cam": "IFCA-CAM",
+    "fesem-cam": "FeSEM-CAM",
+}
+MAPPED = ("fedrc", "fedem", "ifca", "fesem")  # the cluster maps of the paper's Figure 3
+METRICS = {  # column stem → eval.json key
+    "train": "train_accuracy",
+    "local": "local_accuracy",
+    "global": "global_accuracy",
+    "final_local": "final_local_accuracy",
+    "final_global": "final_global_accuracy",
+    "max_global": "max_global_accuracy",
+    "purity": "concept_purity",
+}
+EVAL_KEYS = ("prediction", "finetune")  # eval settings that make a different row
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]
+    result: dict[str, Any]
+    rounds: int
+
+    @property
+    def seed(self) -> int:
+        return int(self.config["seed"])
+
+
+@dataclass
+class Group:
+    """Runs of one algorithm and configuration that differ only in the seed."""
+
+    key: tuple
+    runs: list[Run] = field(default_factory=list)
+    label: str = ""
+    paper: str | None = None
+    selected: bool = True
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.runs[0].config
+
+    def values(self, stem: str) -> list[float]:
+        return [r.result[METRICS[stem]] for r in self.runs if r.result[METRICS[stem]] is not None]
+
+
+def find_runs(patterns: list[str]) -> list[Path]:
+    """Run folders (with config.json and metrics.jsonl) named by globs, folders or root folders."""
+    found: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = [Path(p) for p in sorted(glob.glob(pattern))]
+        else:
+            matches = [Path(pattern)]
+            if not matches[0].exists():
+                raise FedrcError(f"{pattern}: no such file or folder")
+        for path in matches:
+            if _is_run(path):
+                found.append(path)
+            elif path.is_dir():
+                found += sorted(p.parent for p in path.rglob(rf.METRICS) if _is_run(p.parent))
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    if not unique:
+        raise FedrcError(
+            f"{', '.join(patterns)}: no run folders found (a run folder holds the config.json "
+            "and metrics.jsonl of `fedrc train`)"
+        )
+    return [Path(p) for p in unique]
+
+
+def _is_run(path: Path) -> bool:
+    return (path / rf.CONFIG).is_file() and (path / rf.METRICS).is_file()
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise FedrcError(f"{path.parent}: no {path.name} ({what})")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrcError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise FedrcError(f"{path}: expected a JSON object")
+    return value
+
+
+def load_run(path: Path) -> Run:
+    config = _read_json(path / rf.CONFIG, "not a `fedrc train` run")
+    result = _read_json(path / "eval.json", "run `fedrc eval --run` on it first")
+    missing = [k for k in (*METRICS.values(), *EVAL_KEYS) if k not in result]
+    if missing:
+        raise FedrcError(f"{path / 'eval.json'}: not a fedrc eval result (no {missing[0]})")
+    if "data_digest" not in config or "seed" not in config or "algorithm" not in config:
+        raise FedrcError(f"{path / rf.CONFIG}: not a fedrc run configuration")
+    rows = rf.read_metrics(path / rf.METRICS)
+    if not rows:
+        raise FedrcError(f"{path / rf.METRICS}: no rounds")
+    return Run(path, config, result, max(r["round"] for r in rows))
+
+
+def _identity(run: Run) -> tuple:
+    """The run's configuration apart from its seed, plus the eval settings."""
+    values = {k: v for k, v in run.config.items() if k != "data_digest"}
+    try:
+        identity = TrainConfig(**values).identity()
+    except TypeError as e:
+        raise FedrcError(f"{run.path / rf.CONFIG}: not a fedrc run configuration ({e})") from None
+    identity.pop("seed")
+    identity.update({k: run.result[k] for k in EVAL_KEYS})
+    return tuple(sorted((k, json.dumps(v)) for k, v in identity.items()))
+
+
+def _base_label(config: dict[str, Any], result: dict[str, Any]) -> str:
+    name = NAMES.get(config["algorithm"], config["algorithm"])
+    if config["algorithm"] == "cfl" and config.get("max_clusters") is not None:
+        name = f"CFL({config['max_clusters']})"
+    if config["algorithm"] == "fedrc" and result["finetune"]:
+        name = "FedRC-FT"
+    return name + (" (hard)" if result["prediction"] == "hard" else "")
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Groups in the order of the paper's Table 1, then by name; one benchmark for all."""
+    first = runs[0]
+    for run in runs[1:]:
+        if run.config["data_digest"] != first.config["data_digest"]:
+            raise FedrcError(
+                f"{run.path}: trained on another benchmark than {first.path} (the shards' "
+                "hashes differ); report runs of one benchmark at a time"
+            )
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        key = _identity(run)
+        groups.setdefault(key, Group(key)).runs.append(run)
+    for group in groups.values():
+        group.runs.sort(key=lambda r: r.seed)
+        seeds = [r.seed for r in group.runs]
+        if len(set(seeds)) != len(seeds):
+            twice = next(s for s in seeds if seeds.count(s) > 1)
+            paths = [str(r.path) for r in group.runs if r.seed == twice]
+            raise FedrcError(f"{paths[1]}: same configuration and seed {twice} as {paths[0]}")
+        base = _base_label(group.config, group.runs[0].result)
+        group.label = base
+        group.paper = base if base in PAPER_TABLE1_FMNIST else None
+    _disambiguate(list(groups.values()))
+    order = list(PAPER_TABLE1_FMNIST)
+    return sorted(
+        groups.values(),
+        key=lambda g: (order.index(g.paper) if g.paper else len(order), g.label),
+    )
+
+
+def _disambiguate(groups: list[Group]) -> None:
+    """Groups sharing a label get the keys they differ in ("FedRC lr=0.03"); among them the
+    one with the best mean train accuracy is `selected` (the paper's learning-rate rule)."""
+    by_label: dict[str, list[Group]] = {}
+    for group in groups:
+        by_label.setdefault(group.label, []).append(group)
+    for label, same in by_label.items():
+        if len(same) == 1:
+            continue
+        dicts = [dict(g.key) for g in same]
+        differ = sorted(k for k in dicts[0] if len({d.get(k) for d in dicts}) > 1)
+        for group, d in zip(same, dicts):
+            group.label = label + " " + " ".join(f"{k}={json.loads(d[k])}" for k in differ)
+        best = max(same, key=lambda g: float(np.mean(g.values("train"))))
+        for group in same:
+            group.selected = group is best
+
+
+def _stats(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return 100 * float(np.mean(values)), 100 * float(np.std(values))
+
+
+def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
+    """One row per group: mean ± std (%) over seeds of every metric, rounds, the paper's values."""
+    rows = []
+    for group in groups:
+        rounds = sorted({r.rounds for r in group.runs})
+        row: dict[str, Any] = {
+            "label": group.label,
+            "algorithm": group.config["algorithm"],
+            "runs": len(group.runs),
+            "seeds": " ".join(str(r.seed) for r in group.runs),
+            "rounds": str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}",
+            "lr": group.config["lr"],
+            "best_round": " ".join(str(r.result["best_round"]) for r in group.runs),
+            "selected": group.selected,
+        }
+        for stem in METRICS:
+            if stem == "purity":  # a share, not an accuracy: kept in [0, 1]
+                values = group.values(stem)
+                row["purity_mean"] = float(np.mean(values)) if values else None
+                row["purity_std"] = float(np.std(values)) if values else None
+                continue
+            row[f"{stem}_mean"], row[f"{stem}_std"] = _stats(group.values(stem))
+        local, global_ = PAPER_TABLE1_FMNIST.get(group.paper or "", ((None, None), (None, None)))
+        row["paper_row"] = group.paper or ""
+        row["paper_local"], row["paper_local_std"] = local
+        row["paper_global"], row["paper_global_std"] = global_
+        rows.append(row)
+    return rows
+
+
+def find_manifest(run: Run) -> dict[str, Any]:
+    """The benchmark a run was trained on: config.json's `data`, as given or relative to the
+    run's parent folders (a DVC stage runs in its own folder), with the recorded hash."""
+    data = Path(run.config["data"])
+    candidates = [data] if data.is_absolute() else [data, *(p / data for p in run.path.parents)]
+    for folder in candidates:
+        if (folder / "manifest.json").is_file():
+            manifest = read_manifest(folder)
+            if data_digest(manifest) == run.config["data_digest"]:
+                return manifest
+    raise FedrcError(
+        f"{run.path}: the benchmark it was trained on ({data}) was not found, relative to "
+        "the current folder or the run's parent folders (the cluster maps need its manifest)"
+    )
+
+
+def concept_maps(groups: list[Group], manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(title, (concepts, shares)) for FedRC, FedEM, IFCA and FeSEM, whichever are present:
+    the selected group's lowest-seed run, ω at its last evaluated round (Figure 3's concept row).
+    Clusters are not aligned across seeds, so one run is drawn rather than an average."""
+    from pipeline.plots import cluster_shares, final_omega
+
+    maps = []
+    for algorithm in MAPPED:
+        chosen = [
+            g
+            for g in groups
+            if g.config["algorithm"] == algorithm and g.selected and g.paper != "FedRC-FT"
+        ]
+        if not chosen:
+            continue
+        run = chosen[0].runs[0]
+        round_, omega = final_omega(rf.read_assignments(run.path / rf.ASSIGNMENTS))
+        concepts, shares = cluster_shares(omega, manifest)["concept"]
+        title = f"{chosen[0].label}, seed {run.seed}, round {round_}"
+        maps.append((title, (concepts, shares)))
+    return maps
+
+
+def _cell(mean: float | None, std: float | None) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Run]) -> str:
+    dataset = manifest.get("dataset", "?")
+    clients = sum(c["participating"] for c in manifest["clients"])
+    lines = [
+        "# Report: accuracy over seeds next to the paper's Table 1",
+        "",
+        f"Benchmark: {dataset}, {clients} participating clients, "
+        f"content hash `{runs[0].config['data_digest'][:12]}`; {len(runs)} runs.",
+        "Accuracies in %, mean ± std over seeds (numpy std, ddof = 0), soft prediction unless "
+        "marked; *best-train*: at the round with the best train accuracy (the paper's model "
+        "selection), *last*: at the last round. Purity: concept purity in [0, 1].",
+        f"Paper: {PAPER_SOURCE}, local / global.",
+    ]
+    if dataset != "fmnist":
+        lines.append(
+            f"**This benchmark is {dataset}, not Fashion-MNIST: the paper's column is shown for "
+            "orientation only.**"
+        )
+    lines += [
+        "",
+        "| algorithm | seeds | rounds | lr | local (best-train) | global (best-train) "
+        "| local (last) | global (last) | purity | paper local | paper global |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = (
+            " ★"
+            if r["selected"]
+            and any(x["label"] != r["label"] and x["algorithm"] == r["algorithm"] for x in rows)
+            else ""
+        )
+        lines.append(
+            f"| {r['label']}{mark} | {r['seeds']} | {r['rounds']} | {r['lr']:g} "
+            f"| {_cell(r['local_mean'], r['local_std'])} "
+            f"| {_cell(r['global_mean'], r['global_std'])} "
+            f"| {_cell(r['final_local_mean'], r['final_local_std'])} "
+            f"| {_cell(r['final_global_mean'], r['final_global_std'])} "
+            + (f"| {r['purity_mean']:.3f} " if r["purity_mean"] is not None else "| – (one model) ")
+            + f"| {_cell(r['paper_local'], r['paper_local_std'])} "
+            f"| {_cell(r['paper_global'], r['paper_global_std'])} |"
+        )
+    if any("★" in line for line in lines):
+        lines += [
+            "",
+            "★: of one algorithm's configurations, the one with the best mean train "
+            "accuracy (how the paper picks its learning rate).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+def draw(path: Path, rows: list[dict[str, Any]], maps: list[tuple[str, Any]], dpi: int) -> None:
+    """Top: the concept rows of Figure 3 (share of each concept per cluster); bottom: global
+    accuracy per group, best-train and last round, with the paper's value as a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.plots import _heatmap
+
+    columns = max(len(maps), 1)
+    layout = [[f"map{i}" for i in range(columns)], ["bars"] * columns] if maps else [["bars"]]
+    fig, axes = plt.subplot_mosaic(
+        layout,
+        figsize=(max(4.2 * columns, 8), 8.4 if maps else 4.6),
+        height_ratios=[1, 1.1] if maps else None,
+        constrained_layout=True,
+    )
+    for i, (title, (concepts, shares)) in enumerate(maps):
+        _heatmap(axes[f"map{i}"], shares, concepts, title)
+    ax = axes["bars"]
+    x = np.arange(len(rows))
+    width = 0.38
+    for offset, stem, name in (
+        (-width / 2, "global", "best-train round"),
+        (width / 2, "final_global", "last round"),
+    ):
+        means = [r[f"{stem}_mean"] for r in rows]
+        stds = [r[f"{stem}_std"] for r in rows]
+        ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=f"ours, {name}")
+    paper = [(i, r["paper_global"]) for i, r in enumerate(rows) if r["paper_global"] is not None]
+    if paper:
+        ax.scatter(*zip(*paper), marker="D", color="black", zorder=3, label="paper, Table 1")
+    ax.set_xticks(x, [r["label"] for r in rows], rotation=20, ha="right")
+    ax.set(
+        ylabel="global accuracy (%)",
+        ylim=(0, 100),
+        title="Global accuracy (held-out clients), mean ± std over seeds",
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=dpi, format="png")  # a temporary name: say the format
+    plt.close(fig)
+
+
+def build_report(patterns: list[str], out: Path, dpi: int = 120) -> list[dict[str, Any]]:
+    """Read the runs, check them, then write report.md, report.csv and report.png together."""
+    runs = [load_run(p) for p in find_runs(patterns)]
+    groups = group_runs(runs)
+    manifest = find_manifest(runs[0])
+    rows = summary_rows(groups)
+    maps = concept_maps(groups, manifest)
+    text = markdown(rows, manifest, runs)
+    names = ("report.md", "report.csv", "report.png")
+    with atomic_files(*(out / n for n in names)) as (md, table, figure):
+        md.write_text(text)
+        write_csv(table, rows)
+        draw(figure, rows, maps, dpi)
+    return rows

@@ -1,0 +1,150 @@
+"""`fedrc report` over tiny runs: 2 algorithms × 2 seeds, numbers, files and one-line errors."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY_TRAIN
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedrc_cli.app import app
+from pipeline.config import EvalConfig, TrainConfig
+from pipeline.report import PAPER_TABLE1_FMNIST
+from pipeline.stages import eval_stage, train_stage
+
+runner = CliRunner()
+ALGORITHMS = ("fedem", "fedrc")
+SEEDS = (0, 1)
+FAST = dict(TINY_TRAIN, rounds=2, local_epochs=1)
+
+
+@pytest.fixture(scope="module")
+def runs_root(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report") / "runs"
+    for algorithm in ALGORITHMS:
+        for seed in SEEDS:
+            out = root / f"{algorithm}-s{seed}"
+            config = dict(FAST, data=str(tiny_data), algorithm=algorithm, seed=seed)
+            train_stage(TrainConfig(**config, out=str(out)))
+            eval_stage(EvalConfig(run=str(out)))
+    return root
+
+
+def invoke(*args: object):
+    return runner.invoke(app, ["report", *map(str, args)])
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with path.open() as f:
+        return {row["algorithm"]: row for row in csv.DictReader(f)}
+
+
+def evals(root: Path, algorithm: str) -> list[dict]:
+    return [json.loads((root / f"{algorithm}-s{s}" / "eval.json").read_text()) for s in SEEDS]
+
+
+def assert_one_line_error(result, *culprits: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
+    assert all(c in lines[0] for c in culprits), result.output
+
+
+def test_help() -> None:
+    result = runner.invoke(app, ["report", "--help"])
+    assert result.exit_code == 0 and "--out" in result.output
+
+
+def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = invoke(runs_root, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "FedRC" in result.output and "FedEM" in result.output  # the rich table
+
+    rows = read_csv(out / "report.csv")
+    assert set(rows) == set(ALGORITHMS)
+    for algorithm in ALGORITHMS:
+        row, results = rows[algorithm], evals(runs_root, algorithm)
+        assert row["runs"] == "2" and row["seeds"] == "0 1"
+        assert row["rounds"] == str(FAST["rounds"])
+        for stem, key in (
+            ("local", "local_accuracy"),
+            ("global", "global_accuracy"),
+            ("final_local", "final_local_accuracy"),
+            ("final_global", "final_global_accuracy"),
+        ):
+            values = [r[key] for r in results]
+            assert float(row[f"{stem}_mean"]) == pytest.approx(100 * np.mean(values))
+            assert float(row[f"{stem}_std"]) == pytest.approx(100 * np.std(values))
+        purity = [r["concept_purity"] for r in results]
+        assert float(row["purity_mean"]) == pytest.approx(np.mean(purity))
+    paper = PAPER_TABLE1_FMNIST["FedRC"]
+    assert (float(rows["fedrc"]["paper_local"]), float(rows["fedrc"]["paper_global"])) == (
+        paper[0][0],
+        paper[1][0],
+    )
+
+    markdown = (out / "report.md").read_text()
+    table = [line for line in markdown.splitlines() if line.startswith("| Fed")]
+    assert [line.split(" | ")[0] for line in table] == ["| FedEM", "| FedRC"]
+    assert "paper global" in markdown and "56.64 ± 2.14" in markdown  # FedEM's Table 1 value
+    with Image.open(out / "report.png") as image:
+        assert image.format == "PNG" and image.size[0] > 500
+
+
+def test_globs_select_runs(runs_root: Path, tmp_path: Path) -> None:
+    result = invoke(f"{runs_root}/fedrc-*", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert set(read_csv(tmp_path / "out" / "report.csv")) == {"fedrc"}
+
+
+def test_the_best_train_accuracy_is_marked(runs_root: Path, tmp_path: Path) -> None:
+    """Runs that differ in lr are separate rows; the best train accuracy is the paper's pick."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    other = root / "fedrc-s0-lr"
+    shutil.copytree(root / "fedrc-s0", other)
+    for name, key, value in (("config.json", "lr", 0.2), ("eval.json", "train_accuracy", 1.0)):
+        data = json.loads((other / name).read_text())
+        (other / name).write_text(json.dumps({**data, key: value}))
+    result = invoke(root, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    with (tmp_path / "out" / "report.csv").open() as f:
+        rows = {row["label"]: row for row in csv.DictReader(f)}
+    assert rows["FedRC lr=0.2"]["selected"] == "True"
+    assert rows["FedRC lr=0.05"]["selected"] == "False"
+    assert "FedRC lr=0.2 ★" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_no_runs_found(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    assert_one_line_error(invoke(tmp_path / "empty", "--out", out), "empty", "no run folders")
+    assert_one_line_error(invoke(tmp_path / "nowhere", "--out", out), "nowhere")
+    assert not out.exists()
+
+
+def test_a_run_without_eval_json(runs_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    (root / "fedem-s1" / "eval.json").unlink()
+    out = tmp_path / "out"
+    assert_one_line_error(invoke(root, "--out", out), "fedem-s1", "eval.json")
+    assert not out.exists()
+
+
+def test_runs_of_other_benchmarks(runs_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    config = root / "fedrc-s1" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "data_digest": "0" * 64}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("earlier report\n")
+    assert_one_line_error(invoke(root, "--out", out), "fedrc-s1", "another benchmark")
+    assert [p.name for p in out.iterdir()] == ["report.md"]  # nothing new, nothing lost
+    assert (out / "report.md").read_text() == "earlier report\n"
