@@ -1,0 +1,74 @@
+"""Behaviour on the synthetic benchmark: FedRC separates concepts; adaptive K removes models.
+
+Concept shift only (IID labels, no corruption, three equally common concepts), so that the only
+way to fit every client is one model per concept. The purity is the Hungarian-matched share of
+ω-mass in each concept's own cluster (`pipeline.evaluate.concept_purity`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import PartitionConfig, TrainConfig
+from pipeline.evaluate import concept_purity
+from pipeline.run_files import ASSIGNMENTS, METRICS, read_assignments, read_metrics
+from pipeline.stages import partition_stage, train_stage
+
+THIRDS = [1 / 3, 0.0, 1 / 3, 0.0, 1 / 3, 0.0]  # [clean, corrupted] per concept
+
+
+@pytest.fixture(scope="module")
+def concept_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("concepts") / "data"
+    partition_stage(
+        PartitionConfig(
+            dataset="synthetic", clients=12, samples_per_client=100, shifts=["concept"],
+            client_mix="custom", client_shares=THIRDS, holdout_samples=300, out=str(out),
+        )
+    )  # fmt: skip
+    return out
+
+
+def purity_by_round(run: Path) -> list[float]:
+    table = read_assignments(run / ASSIGNMENTS).to_pydict()
+    k = sum(name.startswith("omega_") for name in table)
+    out = []
+    for r in sorted(set(table["round"])):
+        rows = [
+            i
+            for i, (rr, p) in enumerate(zip(table["round"], table["participating"]))
+            if rr == r and p
+        ]
+        omega = np.array([[table[f"omega_{j}"][i] for j in range(k)] for i in rows])
+        concepts = np.array([table["concept"][i] for i in rows])
+        out.append(concept_purity(omega, concepts, np.ones(len(rows))))
+    return out
+
+
+def train(data: Path, out: Path, rounds: int, **kw) -> Path:
+    config = TrainConfig(
+        data=str(data), out=str(out), rounds=rounds, local_epochs=5, batch_size=32, lr=0.1,
+        device="cpu", **kw,
+    )  # fmt: skip
+    return train_stage(config)
+
+
+def test_fedrc_gives_each_concept_its_own_cluster(concept_data: Path, tmp_path: Path) -> None:
+    run = train(concept_data, tmp_path / "fedrc", rounds=8, algorithm="fedrc", clusters=3)
+    purity = purity_by_round(run)
+    assert purity[0] < 0.6  # not separated by chance at the start
+    assert purity[-1] >= 0.9
+    assert read_metrics(run / METRICS)[-1]["global_accuracy"] >= 0.8
+
+
+@pytest.mark.slow
+def test_adaptive_k_ends_with_one_model_per_concept(concept_data: Path, tmp_path: Path) -> None:
+    run = train(
+        concept_data, tmp_path / "adaptive", rounds=30, algorithm="fedrc", clusters=6,
+        prune_threshold=0.05,
+    )  # fmt: skip
+    rows = read_metrics(run / METRICS)
+    assert rows[0]["active_models"] == 6 and rows[-1]["active_models"] == 3
