@@ -163,3 +163,53 @@ def write_assignments(
 
 def read_assignments(path: Path) -> pa.Table:
     return read_parquet(path, "not found (did `fedrc train` finish?)")
+
+
+def save_checkpoint(
+    out: Path,
+    identity: str,
+    round_: int,
+    models: torch.Tensor,
+    algorithm_state: dict[str, Any],
+    eval_rounds: list[int],
+    history: list[torch.Tensor],
+    momentum: dict[int, dict[int, torch.Tensor]],
+    cached_logits: torch.Tensor | None,
+) -> None:
+    """Everything `--resume` needs to continue after `round_` with the same numbers."""
+    save_state(
+        out / CHECKPOINT,
+        {
+            "identity": identity,
+            "round": round_,
+            "models": models.cpu(),
+            "algorithm": algorithm_state,
+            "eval_rounds": eval_rounds,
+            "omega_history": history,
+            "momentum": momentum,
+            "cached_logits": None if cached_logits is None else cached_logits.cpu(),
+        },
+    )
+
+
+def save_model(
+    out: Path,
+    identity: str,
+    rounds: int,
+    algorithm_name: str,
+    models: torch.Tensor,
+    omega: torch.Tensor,
+    algorithm_state: dict[str, Any],
+) -> None:
+    """The final models, ω and algorithm state: what eval and plot read."""
+    save_state(
+        out / MODEL,
+        {
+            "identity": identity,
+            "round": rounds,
+            "algorithm_name": algorithm_name,
+            "models": models.cpu(),
+            "omega": omega,
+            "algorithm": algorithm_state,
+        },
+    )

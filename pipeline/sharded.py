@@ -324,32 +324,28 @@ def _run(
             rf.append_metrics(out / rf.METRICS, row)
             rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
             if checkpoint:
-                rf.save_state(
-                    out / rf.CHECKPOINT,
-                    {
-                        "identity": identity,
-                        "round": round_,
-                        "models": models.cpu(),
-                        "algorithm": algorithm.state_dict(),
-                        "eval_rounds": eval_rounds,
-                        "omega_history": history,
-                        "momentum": dict(sorted(buffers.items())),
-                        "cached_logits": None,
-                    },
+                rf.save_checkpoint(
+                    out,
+                    identity,
+                    round_,
+                    models,
+                    algorithm.state_dict(),
+                    eval_rounds,
+                    history,
+                    dict(sorted(buffers.items())),
+                    None,
                 )
             if on_round is not None:
                 on_round(row)
 
     if main:
-        rf.save_state(
-            out / rf.MODEL,
-            {
-                "identity": identity,
-                "round": config.rounds,
-                "algorithm_name": config.algorithm,
-                "models": models.cpu(),
-                "omega": omega_table(algorithm, len(data.clients)),
-                "algorithm": algorithm.state_dict(),
-            },
+        rf.save_model(
+            out,
+            identity,
+            config.rounds,
+            config.algorithm,
+            models,
+            omega_table(algorithm, len(data.clients)),
+            algorithm.state_dict(),
         )
     return out

@@ -226,31 +226,27 @@ def run_training(
         rf.append_metrics(out / rf.METRICS, row)
         rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
         if round_ % config.checkpoint_every == 0 or round_ == config.rounds:
-            rf.save_state(
-                out / rf.CHECKPOINT,
-                {
-                    "identity": identity,
-                    "round": round_,
-                    "models": models.cpu(),
-                    "algorithm": algorithm.state_dict(),
-                    "eval_rounds": eval_rounds,
-                    "omega_history": history,
-                    "momentum": momentum.buffers,
-                    "cached_logits": None if cached is None else cached.cpu(),
-                },
+            rf.save_checkpoint(
+                out,
+                identity,
+                round_,
+                models,
+                algorithm.state_dict(),
+                eval_rounds,
+                history,
+                momentum.buffers,
+                cached,
             )
         if on_round is not None:
             on_round(row)
 
-    rf.save_state(
-        out / rf.MODEL,
-        {
-            "identity": identity,
-            "round": config.rounds,
-            "algorithm_name": config.algorithm,
-            "models": models.cpu(),
-            "omega": omega_table(algorithm, len(data.clients)),
-            "algorithm": algorithm.state_dict(),
-        },
+    rf.save_model(
+        out,
+        identity,
+        config.rounds,
+        config.algorithm,
+        models,
+        omega_table(algorithm, len(data.clients)),
+        algorithm.state_dict(),
     )
     return out
