@@ -43,6 +43,8 @@ class FedRC(FedEM):
         self.sizes = torch.zeros(num_clients, dtype=torch.float64)
         self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
         self.noise = torch.Generator().manual_seed(config.seed)
+        if config.shared_body:  # distributed runs also sum the bodies' γ-weighted terms
+            self.summed = (*self.summed, "_body_sum", "_body_mass")
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         if held_out and not self.config.heldout_label_prior:
