@@ -41,6 +41,7 @@ from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
 from pipeline.evaluate import omega_table, per_sample_losses, predictions, summarize
 from pipeline.io import write_json
+from pipeline.models.layout import head_range
 from pipeline.training import (
     MomentumStore,
     RoundCallback,
@@ -281,7 +282,9 @@ def _run(
     identity = json.dumps(wanted, sort_keys=True)
 
     executor = make_executor(config, data, device)
-    algorithm = build_algorithm(config, len(data.clients), data.num_classes)
+    algorithm = build_algorithm(
+        config, len(data.clients), data.num_classes, head_range(executor.model)
+    )
     models = initial_models(executor, data, config, algorithm.num_rows)
     momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
     start, cached, eval_rounds, history = 0, None, [], []

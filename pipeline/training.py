@@ -188,8 +188,9 @@ def run_training(
     identity = json.dumps(wanted, sort_keys=True)
 
     executor = make_executor(config, data, device)
-    algorithm = build_algorithm(config, len(data.clients), data.num_classes)
-    algorithm.head = head_range(executor.model)
+    algorithm = build_algorithm(
+        config, len(data.clients), data.num_classes, head_range(executor.model)
+    )
     models = initial_models(executor, data, config, algorithm.num_rows)
     momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
     start, cached, eval_rounds, history = 0, None, [], []

@@ -20,8 +20,17 @@ REGISTRY: dict[str, type[Algorithm]] = {
 }
 
 
-def build_algorithm(config: TrainConfig, num_clients: int, num_classes: int) -> Algorithm:
-    return REGISTRY[config.algorithm](config.num_models, num_clients, num_classes, config)
+def build_algorithm(
+    config: TrainConfig,
+    num_clients: int,
+    num_classes: int,
+    head: tuple[int, int] | None = None,
+) -> Algorithm:
+    """`head`: where the final layer sits in a flat model (`models.layout.head_range`), for the
+    variants that treat it apart (FedRC's shared body)."""
+    algorithm = REGISTRY[config.algorithm](config.num_models, num_clients, num_classes, config)
+    algorithm.head = head
+    return algorithm
 
 
 __all__ = ["REGISTRY", "Algorithm", "build_algorithm"]
