@@ -62,3 +62,32 @@ def test_fedrc_gives_each_concept_its_own_cluster(concept_data: Path, tmp_path: 
     assert purity[0] < 0.6  # not separated by chance at the start
     assert purity[-1] >= 0.9
     assert read_metrics(run / METRICS)[-1]["global_accuracy"] >= 0.8
+
+
+@pytest.mark.slow
+def test_on_fashion_mnist_fedrc_clusters_concepts_where_fedem_does_not(tmp_path: Path) -> None:
+    """The default pipeline's setting (real FMNIST, label + feature + concept shift, 50 clients,
+    20 rounds): FedRC's clusters follow the concepts more than FedEM's, and its global accuracy
+    is higher. About 15 minutes on a 2-core CPU."""
+    from pipeline.data.loaders import load_dataset
+    from pipeline.errors import FedrcError
+
+    try:
+        load_dataset("fmnist", None)
+    except FedrcError:
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+    data = tmp_path / "data"
+    partition_stage(
+        PartitionConfig(clients=50, samples_per_client=200, holdout_samples=3000, out=str(data))
+    )
+    results = {}
+    for algorithm in ("fedem", "fedrc"):
+        config = TrainConfig(
+            data=str(data), out=str(tmp_path / algorithm), algorithm=algorithm, rounds=20,
+            local_epochs=2, eval_every=5, device="cpu",
+        )  # fmt: skip
+        run = train_stage(config)
+        results[algorithm] = (purity_by_round(run)[-1], read_metrics(run / METRICS)[-1])
+    (em_purity, em), (rc_purity, rc) = results["fedem"], results["fedrc"]
+    assert rc_purity > em_purity + 0.1
+    assert rc["global_accuracy"] > em["global_accuracy"] + 0.05
