@@ -145,16 +145,19 @@ def finetuned_logits(
     The algorithm's E-step runs on a copy, so the global state is untouched.
     """
     scratch = copy.deepcopy(algorithm)
-    executor.local_epochs = 1
+    epochs, executor.local_epochs = executor.local_epochs, 1
     out = {}
-    for client in range(len(data.clients)):
-        train, test = data.train_slices[client], data.test_slices[client]
-        x, y = data.images[train], data.labels[train]
-        raw = executor.logits(models, x)
-        gamma = scratch.assign(client, per_sample_losses(scratch.combine_logits(raw), y), y)
-        own = models.clone()
-        for task in scratch.local_tasks(client, gamma, models, raw):
-            own[task.model] = executor.train(task, x, y, seed + client).params
-        everything = data.images[train.start : test.stop]
-        out[client] = algorithm.combine_logits(executor.logits(own, everything))
+    try:
+        for client in range(len(data.clients)):
+            train, test = data.train_slices[client], data.test_slices[client]
+            x, y = data.images[train], data.labels[train]
+            raw = executor.logits(models, x)
+            gamma = scratch.assign(client, per_sample_losses(scratch.combine_logits(raw), y), y)
+            own = models.clone()
+            for task in scratch.local_tasks(client, gamma, models, raw):
+                own[task.model] = executor.train(task, x, y, seed + client).params
+            everything = data.images[train.start : test.stop]
+            out[client] = algorithm.combine_logits(executor.logits(own, everything))
+    finally:
+        executor.local_epochs = epochs
     return out

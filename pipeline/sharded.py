@@ -45,6 +45,7 @@ from pipeline.models.layout import head_range
 from pipeline.training import (
     MomentumStore,
     RoundCallback,
+    checked_state,
     initial_models,
     local_seed,
     make_executor,
@@ -234,18 +235,6 @@ def evaluate_sharded(
     scores = {**soft, **{f"hard_{k}": v for k, v in hard.items()}}
     require_finite(where, scores, None, lr)  # the same scores on every rank: all stop or none
     return scores, raw
-
-
-def checked_state(out: Path, wanted: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint to resume, refused when written with another configuration."""
-    state = rf.load_state(out / rf.CHECKPOINT)
-    other = rf.identity_mismatch(rf.state_identity(out / rf.CHECKPOINT, state), wanted)
-    if other is not None:
-        raise FedrcError(
-            f"--resume: {out / rf.CHECKPOINT} was written with {other}; "
-            "start a new run with another --out"
-        )
-    return state
 
 
 def run_sharded(

@@ -168,6 +168,18 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def checked_state(out: Path, wanted: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint to resume, refused when written with another configuration."""
+    state = rf.load_state(out / rf.CHECKPOINT)
+    other = rf.identity_mismatch(rf.state_identity(out / rf.CHECKPOINT, state), wanted)
+    if other is not None:
+        raise FedrcError(
+            f"--resume: {out / rf.CHECKPOINT} was written with {other}; "
+            "start a new run with another --out"
+        )
+    return state
+
+
 def run_training(
     config: TrainConfig,
     *,
@@ -195,13 +207,7 @@ def run_training(
     momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
     start, cached, eval_rounds, history = 0, None, [], []
     if resume:
-        state = rf.load_state(out / rf.CHECKPOINT)
-        other = rf.identity_mismatch(rf.state_identity(out / rf.CHECKPOINT, state), wanted)
-        if other is not None:
-            raise FedrcError(
-                f"--resume: {out / rf.CHECKPOINT} was written with {other}; "
-                "start a new run with another --out"
-            )
+        state = checked_state(out, wanted)
         models = state["models"].to(device)
         algorithm.load_state_dict(state["algorithm"])
         start, eval_rounds = state["round"], state["eval_rounds"]

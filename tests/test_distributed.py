@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_metrics_close
 
 from pipeline import distributed
 from pipeline.config import TrainConfig, build_config
@@ -67,20 +68,11 @@ def single(data: Path, out: Path, values: dict) -> Path:
 def assert_same_run(expected: Path, got: Path, exact: bool) -> None:
     """Losses and parameters to 1e-5; an accuracy may differ by one prediction on a tie."""
     rows = [read_metrics(run / METRICS) for run in (expected, got)]
-    assert len(rows[0]) == len(rows[1])
-    for a, b in zip(*rows):
-        a.pop("seconds"), b.pop("seconds")
-        if exact:
-            assert a == b
-        assert a.keys() == b.keys()
-        for key, value in a.items():
-            if isinstance(value, dict):
-                assert b[key] == pytest.approx(value, abs=0.05), key
-            elif isinstance(value, float):
-                tolerance = 0.02 if key.endswith("accuracy") else 1e-5
-                assert b[key] == pytest.approx(value, abs=tolerance), key
-            else:
-                assert b[key] == value, key
+    for row in (*rows[0], *rows[1]):
+        row.pop("seconds")
+    if exact:
+        assert rows[0] == rows[1]
+    assert_metrics_close(*rows, loss_tolerance=1e-5)
     models = [torch.load(run / MODEL, weights_only=True) for run in (expected, got)]
     torch.testing.assert_close(models[1]["models"], models[0]["models"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(models[1]["omega"], models[0]["omega"], atol=1e-5, rtol=1e-5)

@@ -117,6 +117,17 @@ class Algorithm:
             setattr(self, key, value)
 
 
+class HardClustering(Algorithm):
+    """Every client belongs to one cluster (IFCA, CFL, FeSEM): `assign` returns `hard_gamma`,
+    and the client trains that cluster's model alone, on all its samples."""
+
+    def local_tasks(
+        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
+    ) -> list[LocalTask]:
+        k = int(gamma[0].argmax())
+        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
+
+
 def one_hot(index: int, size: int) -> torch.Tensor:
     row = torch.zeros(size, dtype=torch.float64)
     row[index] = 1.0

@@ -21,7 +21,7 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.config import TrainConfig
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -35,7 +35,7 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
     return fcluster(tree, 2, criterion="maxclust") - 1
 
 
-class CFL(Algorithm):
+class CFL(HardClustering):
     name = "cfl"
     paper = "Sattler et al., IEEE TNNLS 2021"
 
@@ -59,12 +59,6 @@ class CFL(Algorithm):
     def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
         k = int(losses[:, : self.clusters].mean(0).argmin())
         self.omega[client] = one_hot(k, self.num_models)
-
-    def local_tasks(
-        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
-    ) -> list[LocalTask]:
-        k = int(self.cluster[client])
-        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)

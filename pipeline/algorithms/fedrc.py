@@ -99,8 +99,9 @@ class FedRC(FedEM):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
-        self._body_mass = 0.0
+        if self.config.shared_body:
+            self._body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
+            self._body_mass = 0.0
 
     def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
         super().receive(client, task, result, num_samples)

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.config import TrainConfig
 from pipeline.engine.task import LocalResult, LocalTask
 
 
-class FeSEM(Algorithm):
+class FeSEM(HardClustering):
     name = "fesem"
     paper = "Long et al., World Wide Web 2023"
 
@@ -33,12 +33,6 @@ class FeSEM(Algorithm):
         k = int(self.cluster[client])
         self.omega[client] = one_hot(k, self.num_models)
         return hard_gamma(losses, k)
-
-    def local_tasks(
-        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
-    ) -> list[LocalTask]:
-        k = int(self.cluster[client])
-        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)

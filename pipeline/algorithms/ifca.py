@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
-from pipeline.engine.task import LocalTask
+from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 
 
-class IFCA(Algorithm):
+class IFCA(HardClustering):
     name = "ifca"
     paper = "Ghosh et al., NeurIPS 2020"
     summed = ("_sums", "_totals")  # the base class's weighted sum
@@ -22,9 +21,3 @@ class IFCA(Algorithm):
         k = int(losses.mean(0).argmin())
         self.omega[client] = one_hot(k, self.num_models)
         return hard_gamma(losses, k)
-
-    def local_tasks(
-        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
-    ) -> list[LocalTask]:
-        k = int(gamma[0].argmax())
-        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]

@@ -277,7 +277,7 @@ def check_shard_hash(path: Path, manifest: dict[str, Any]) -> None:
     recorded = manifest.get("files", {}).get(path.name)
     if recorded is None:
         raise FedrcError(f"{path}: the manifest records no SHA-256 for this shard")
-    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+    if sha256_file(path) != recorded:
         raise FedrcError(
             f"{path}: SHA-256 does not match the manifest (the shard was changed or damaged "
             "after `fedrc partition`); partition again"
