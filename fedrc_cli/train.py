@@ -62,6 +62,13 @@ def train(
     prune_threshold: Annotated[
         float | None, typer.Option(help="FedRC adaptive K: drop models with mean γ < δ.")
     ] = None,
+    prune_after: Annotated[
+        int | None, typer.Option(help="FedRC adaptive K: remove no model before this round.")
+    ] = None,
+    merge_gap: Annotated[
+        float | None,
+        typer.Option(help="FedRC adaptive K: merge two models within this many nats."),
+    ] = None,
     hard_train: Annotated[
         bool | None, typer.Option(help="FedRC TrHC: train only the arg-max model.")
     ] = None,
@@ -127,6 +134,8 @@ def train(
             max_clusters=max_clusters,
             estep=estep,
             prune_threshold=prune_threshold,
+            prune_after=prune_after,
+            merge_gap=merge_gap,
             hard_train=hard_train,
             table_noise=table_noise,
             shared_body=shared_body,

@@ -174,6 +174,10 @@ class PartitionConfig:
             _require(s in names, "partition.styles", f"names from {where} ({', '.join(names)})", s)
 
 
+# options added after checkpoints existed: left out of `identity()` at their defaults
+LATER_OPTIONS = {"precision": "fp32", "prune_after": 0, "merge_gap": None}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How `fedrc train` runs federated training (FedRC paper, Algorithm 1 and appendix H)."""
@@ -208,6 +212,8 @@ class TrainConfig:
     adam_beta2: float = 0.99
     adam_eps: float = 1e-8
     prune_threshold: float | None = None  # FedRC adaptive K: remove models with mean γ < δ
+    prune_after: int = 0  # FedRC adaptive K: remove no model before this round (γ must settle)
+    merge_gap: float | None = None  # FedRC adaptive K: remove one of two interchangeable models
     hard_train: bool = False  # FedRC TrHC: train only the arg-max ω model
     table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
     shared_body: bool = False  # FedRC: one feature extractor shared by the K models, K heads
@@ -273,6 +279,9 @@ class TrainConfig:
         _require(self.adam_eps > 0, f"{t}.adam_eps", "a number > 0", self.adam_eps)
         pt = self.prune_threshold
         _require(pt is None or 0 < pt < 1, f"{t}.prune_threshold", "a number in (0, 1) or null", pt)
+        pa, mg = self.prune_after, self.merge_gap
+        _require(pa >= 0, f"{t}.prune_after", "an integer >= 0", pa)
+        _require(mg is None or mg > 0, f"{t}.merge_gap", "a number > 0 (nats) or null", mg)
         _require(self.table_noise >= 0, f"{t}.table_noise", "a number >= 0", self.table_noise)
 
     @property
@@ -297,8 +306,9 @@ class TrainConfig:
             "checkpoint_every",
         ):
             d.pop(k)
-        if d["precision"] == "fp32":  # fp32 checkpoints from before the option still resume
-            d.pop("precision")
+        for key, default in LATER_OPTIONS.items():  # checkpoints from before them still resume
+            if d[key] == default:
+                d.pop(key)
         return d
 
 

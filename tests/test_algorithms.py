@@ -121,6 +121,36 @@ def test_adaptive_k_removes_models_below_delta() -> None:
     assert gamma[:, 2].eq(0).all()  # log ω = −∞: a removed model gets no responsibility
 
 
+def test_interchangeable_models_merge_into_the_heavier_one() -> None:
+    """Client 0's two samples fit models 0 and 1 alike (losses 0 and 0.1), client 1's sample
+    fits only model 2. Model 1 loses 0.1 nat on model 0's samples and gains 0.1 on its own:
+    excess max(0.1, −0.1) = 0.1 < 0.5, and model 1 holds less γ, so model 1 goes. Model 2 is
+    9 nats worse on their samples and stays."""
+    rc = make("fedrc", clients=2, k=3, classes=1, merge_gap=0.5)
+    labels = torch.zeros(2, dtype=torch.long)
+    gamma = rc.assign(0, torch.tensor([[0.0, 0.1, 9.0]] * 2), labels)
+    rc.assign(1, torch.tensor([[9.0, 9.0, 0.0]]), labels[:1])
+    g0, g1 = gamma[0, 0].item(), gamma[0, 1].item()
+    assert g0 > g1 > 0.4  # both models hold client 0's samples
+    cross = torch.tensor([[0.0, 0.1, 9.0]], dtype=torch.float64) * 2  # Σ_j γ_jk f_jl, γ_jk ≈ ½
+    torch.testing.assert_close(
+        rc.cross[0][:2], cross.expand(2, 3) * gamma[0, :2, None], atol=1e-3, rtol=0
+    )
+    rc.end_round()
+    assert rc.active.tolist() == [True, False, True]
+    torch.testing.assert_close(
+        rc.omega[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-3, rtol=0
+    )
+
+
+def test_no_model_is_removed_before_prune_after() -> None:
+    rc = make("fedrc", clients=1, k=3, prune_threshold=0.05, prune_after=2)
+    for expected in ([True, True, True], [True, True, False]):
+        rc.assign(0, torch.tensor([[0.0, 0.0, 20.0]] * 2), torch.zeros(2, dtype=torch.long))
+        rc.end_round()  # model 2's mean γ ≈ 0 < δ from round 1, removed at round 2
+        assert rc.active.tolist() == expected
+
+
 def test_trhc_trains_only_the_argmax_model_with_unit_weights() -> None:
     rc = make("fedrc", hard_train=True)
     gamma = rc.assign(0, torch.tensor([[2.0, 0.0], [2.0, 0.0]]), torch.tensor([0, 1]))

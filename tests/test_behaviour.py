@@ -64,6 +64,23 @@ def test_fedrc_gives_each_concept_its_own_cluster(concept_data: Path, tmp_path: 
     assert read_metrics(run / METRICS)[-1]["global_accuracy"] >= 0.8
 
 
+def test_adaptive_fedrc_from_six_models_ends_with_one_per_concept(
+    concept_data: Path, tmp_path: Path
+) -> None:
+    """Adaptive K: δ removes the models nobody picks, `merge_gap` the second copy of a concept
+    (with δ alone, 30 clients kept 5 models for 60 rounds: two concepts each split ~50/50
+    between two interchangeable models, see the README)."""
+    run = train(
+        concept_data, tmp_path / "adaptive", rounds=12, algorithm="fedrc", clusters=6,
+        prune_threshold=0.05, prune_after=8, merge_gap=0.5,
+    )  # fmt: skip
+    rows = read_metrics(run / METRICS)
+    assert rows[6]["active_models"] == 6  # nothing removed before round 8
+    assert rows[-1]["active_models"] == 3
+    assert purity_by_round(run)[-1] >= 0.9
+    assert rows[-1]["global_accuracy"] >= 0.8
+
+
 @pytest.mark.slow
 def test_on_fashion_mnist_fedrc_clusters_concepts_where_fedem_does_not(tmp_path: Path) -> None:
     """The default pipeline's setting (real FMNIST, label + feature + concept shift, 50 clients,

@@ -12,7 +12,12 @@ Variants (options of `TrainConfig`):
 - `estep: adam`  FedConceptEM app. D.1: γ moves from its previous value along the Adam direction
   of g = γ^{t−1} − γ̃^t (γ̃ the plain E-step), clipped at 0 and renormalised over k
 - `prune_threshold: δ`  adaptive K (FedConceptEM Alg. 2): a model whose average γ over all
-  samples falls below δ is removed everywhere
+  samples falls below δ is removed everywhere; the paper checks "when the weights converge",
+  which `prune_after` makes a round number (an untrained model's γ collapses on noise)
+- `merge_gap: ε`  our addition to adaptive K: two models that fit each other's samples to within
+  ε nats are one concept held twice (EM splits that concept's γ between them for good, so δ never
+  removes either); the one with less γ-mass is removed by Alg. 2's step. Each client uploads
+  X_i[k, l] = Σ_j γ_{ij;k} f(x_ij, y_ij; θ_l), K² numbers from its E-step
 - `hard_train` (TrHC): each client trains only its arg-max ω model, on all its samples
 - `table_noise: ξ`  N(0, ξ²) added to every uploaded label table (paper Table 10)
 - `shared_body`  one feature extractor shared by the K models, K heads (paper Table 11): each
@@ -41,6 +46,8 @@ class FedRC(FedEM):
         self.prior = torch.full((num_models, num_classes), 1.0 / num_classes, dtype=torch.float64)
         self.active = torch.ones(num_models, dtype=torch.bool)
         self.sizes = torch.zeros(num_clients, dtype=torch.float64)
+        self.cross = torch.zeros(num_clients, num_models, num_models, dtype=torch.float64)
+        self.rounds_done = 0
         self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
         self.noise = torch.Generator().manual_seed(config.seed)
         if config.shared_body:  # distributed runs also sum the bodies' γ-weighted terms
@@ -82,6 +89,9 @@ class FedRC(FedEM):
         if self.config.table_noise > 0:
             table += self.config.table_noise * torch.randn(table.shape, generator=self.noise)
         self.tables[client] = table.T
+        if self.config.merge_gap is not None:  # X_i[k, l] = Σ_j γ_{ij;k} f_{ij;l}
+            finite = torch.nan_to_num(losses.detach(), posinf=0.0)  # a removed model's column
+            self.cross[client] = (gamma.detach().T @ finite).to("cpu", torch.float64)
         return gamma
 
     def local_tasks(
@@ -123,18 +133,48 @@ class FedRC(FedEM):
     def end_round(self) -> None:
         totals = self.tables.sum(0).clamp(min=self.config.label_floor)
         self.prior = totals / totals.sum(1, keepdim=True)
-        if self.config.prune_threshold is not None:
-            self.prune(self.config.prune_threshold)
+        self.rounds_done += 1
+        c = self.config
+        if self.rounds_done < c.prune_after or not (self.sizes > 0).any():
+            return
+        if c.prune_threshold is not None:
+            self.prune(c.prune_threshold)
+        if c.merge_gap is not None:
+            self.merge_interchangeable(c.merge_gap)
+
+    def gamma_mass(self) -> torch.Tensor:
+        """Σ_ij γ_{ij;k} per model over every client's latest E-step (ω_i = mean_j γ)."""
+        return (self.sizes[:, None] * self.omega).sum(0)
 
     def prune(self, threshold: float) -> None:
         """Remove every model whose average γ over all samples seen is below δ (never the last)."""
-        seen = self.sizes > 0
-        if not seen.any():
-            return
-        mean_gamma = (self.sizes[seen, None] * self.omega[seen]).sum(0) / self.sizes[seen].sum()
+        mean_gamma = self.gamma_mass() / self.sizes.sum()
         for k in mean_gamma.argsort().tolist():
             if self.active[k] and mean_gamma[k] < threshold and int(self.active.sum()) > 1:
                 self.active[k] = False
+        self.renormalise()
+
+    def merge_interchangeable(self, gap: float) -> None:
+        """Remove the lighter of two models when each fits the other's samples within `gap`:
+        A[a, b] = Σ_i X_i[a, b] / Σ_ij γ_{ij;a} is model b’s mean loss on model a’s samples."""
+        mass = self.gamma_mass()
+        mean_loss = self.cross.sum(0) / mass.clamp(min=1e-30)[:, None]
+        own = mean_loss.diagonal()
+        pairs = []
+        for a in range(self.num_models):
+            for b in range(a + 1, self.num_models):
+                if self.active[a] and self.active[b] and mass[a] > 0 and mass[b] > 0:
+                    excess = max(mean_loss[a, b] - own[a], mean_loss[b, a] - own[b])
+                    if excess < gap:
+                        pairs.append((float(excess), a, b))
+        for _, a, b in sorted(pairs):
+            if self.active[a] and self.active[b]:
+                self.active[b if mass[b] < mass[a] else a] = False
+        self.renormalise()
+
+    def renormalise(self) -> None:
+        """Alg. 2, lines 5–9: drop the removed models' γ and ω and renormalise the rest (a
+        client or sample that had nothing left starts uniform over the remaining models)."""
         keep = self.active.to(self.omega.dtype)
         kept = self.omega * keep
         self.omega = torch.where(
@@ -144,7 +184,9 @@ class FedRC(FedEM):
         )
         for state in self.adam.values():
             g = state["gamma"] * keep.to(state["gamma"])
-            state["gamma"] = g / g.sum(1, keepdim=True).clamp(min=1e-30)
+            total = g.sum(1, keepdim=True)
+            uniform = (keep / keep.sum()).to(g)
+            state["gamma"] = torch.where(total > 0, g / total.clamp(min=1e-30), uniform)
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": int(self.active.sum())}
@@ -156,6 +198,8 @@ class FedRC(FedEM):
             "prior": self.prior,
             "active": self.active,
             "sizes": self.sizes,
+            "cross": self.cross,
+            "rounds_done": self.rounds_done,
             "adam": self.adam,
             "noise_state": self.noise.get_state(),
         }
