@@ -67,4 +67,6 @@ def evaluate(
     console.print(f"global accuracy by concept (best round): {by_concept}")
     purity = result["concept_purity"]
     console.print(f"concept purity: {'n/a (one model)' if purity is None else f'{purity:.3f}'}")
+    labels = result["label_purity"]
+    console.print(f"label purity: {'n/a (one model)' if labels is None else f'{labels:.3f}'}")
     console.print(f"Wrote {config.run}/eval.json and eval_clients.json")

@@ -46,13 +46,16 @@ def report(
         pad_edge=False,
         collapse_padding=True,
     )
-    for name in (*columns, "local", "global", "last", "purity", "paper"):
+    for name in (*columns, "local", "global", "last", "purity", "labels", "paper"):
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for r in rows:
         paper = (
             "–" if r["paper_local"] is None else f"{r['paper_local']:.1f}/{r['paper_global']:.1f}"
         )
-        purity = "–" if r["purity_mean"] is None else f"{r['purity_mean']:.2f}"
+        purity, labels = (
+            "–" if r[f"{k}_mean"] is None else f"{r[f'{k}_mean']:.2f}"
+            for k in ("purity", "label_purity")
+        )
         table.add_row(
             r["label"] + (" ★" if r["selected"] and _shared(rows, r) else ""),
             r["seeds"].replace(" ", ","),
@@ -62,6 +65,7 @@ def report(
             _cell(r, "global"),
             _cell(r, "final_global"),
             purity,
+            labels,
             paper,
         )
     console.print(table)

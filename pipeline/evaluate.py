@@ -132,6 +132,18 @@ def concept_purity(omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray) -
     return float(mass[rows, cols].sum() / mass.sum())
 
 
+def label_purity(omega: np.ndarray, histograms: np.ndarray) -> float | None:
+    """Share of each label's ω-mass in the cluster that holds most of it: 1.0 when every label
+    sits wholly in one cluster (clusters follow the labels), 1/K when every label is spread
+    evenly. mass[y, k] = Σ_i n_i(y) ω_{i;k}, with n_i(y) the client's observed labels. Labels may
+    share a cluster (no matching): the dual of the paper's Fig. 9 "label distribution within
+    each model". None with one model."""
+    if omega.shape[1] < 2:
+        return None
+    mass = histograms.T @ omega
+    return float(mass.max(1).sum() / mass.sum())
+
+
 def finetuned_logits(
     algorithm: Algorithm,
     executor: SequentialExecutor,

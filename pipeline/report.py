@@ -63,7 +63,9 @@ METRICS = {  # column stem → eval.json key
     "final_global": "final_global_accuracy",
     "max_global": "max_global_accuracy",
     "purity": "concept_purity",
+    "label_purity": "label_purity",
 }
+SHARES = ("purity", "label_purity")  # in [0, 1], not accuracies
 EVAL_KEYS = ("prediction", "finetune")  # eval settings that make a different row
 
 
@@ -94,7 +96,8 @@ class Group:
         return self.runs[0].config
 
     def values(self, stem: str) -> list[float]:
-        return [r.result[METRICS[stem]] for r in self.runs if r.result[METRICS[stem]] is not None]
+        key = METRICS[stem]  # label_purity: absent from eval.json files older than it
+        return [r.result[key] for r in self.runs if r.result.get(key) is not None]
 
 
 def find_runs(patterns: list[str]) -> list[Path]:
@@ -243,10 +246,10 @@ def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
             "selected": group.selected,
         }
         for stem in METRICS:
-            if stem == "purity":  # a share, not an accuracy: kept in [0, 1]
+            if stem in SHARES:  # kept in [0, 1]
                 values = group.values(stem)
-                row["purity_mean"] = float(np.mean(values)) if values else None
-                row["purity_std"] = float(np.std(values)) if values else None
+                row[f"{stem}_mean"] = float(np.mean(values)) if values else None
+                row[f"{stem}_std"] = float(np.std(values)) if values else None
                 continue
             row[f"{stem}_mean"], row[f"{stem}_std"] = _stats(group.values(stem))
         local, global_ = PAPER_TABLE1_FMNIST.get(group.paper or "", ((None, None), (None, None)))
@@ -312,7 +315,9 @@ def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Ru
         f"content hash `{runs[0].config['data_digest'][:12]}`; {len(runs)} runs.",
         "Accuracies in %, mean ± std over seeds (numpy std, ddof = 0), soft prediction unless "
         "marked; *best-train*: at the round with the best train accuracy (the paper's model "
-        "selection), *last*: at the last round. Purity: concept purity in [0, 1].",
+        "selection), *last*: at the last round. Purity: concept purity in [0, 1] (1: each "
+        "concept in a cluster of its own); labels: label purity (1: each label in one cluster, "
+        "1/K: spread evenly; high when clusters follow the labels).",
         f"Paper: {PAPER_SOURCE}, local / global.",
     ]
     if dataset != "fmnist":
@@ -323,8 +328,8 @@ def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Ru
     lines += [
         "",
         "| algorithm | seeds | rounds | lr | local (best-train) | global (best-train) "
-        "| local (last) | global (last) | purity | paper local | paper global |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| local (last) | global (last) | purity | labels | paper local | paper global |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = (
@@ -340,6 +345,7 @@ def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Ru
             f"| {_cell(r['final_local_mean'], r['final_local_std'])} "
             f"| {_cell(r['final_global_mean'], r['final_global_std'])} "
             + (f"| {r['purity_mean']:.3f} " if r["purity_mean"] is not None else "| – (one model) ")
+            + (f"| {r['label_purity_mean']:.3f} " if r["label_purity_mean"] is not None else "| – ")
             + f"| {_cell(r['paper_local'], r['paper_local_std'])} "
             f"| {_cell(r['paper_global'], r['paper_global_std'])} |"
         )

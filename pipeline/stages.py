@@ -20,6 +20,7 @@ from pipeline.evaluate import (
     all_logits,
     concept_purity,
     finetuned_logits,
+    label_purity,
     personal_logits,
     score_clients,
     summarize,
@@ -61,7 +62,8 @@ def _at(row: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def eval_stage(config: EvalConfig) -> dict[str, Any]:
-    """eval.json: accuracies at the best-train round and the last round, purity; per client."""
+    """eval.json: accuracies at the best-train round and the last round, concept and label
+    purity; per client."""
     run = Path(config.run)
     train_config = run_config(run)
     final = rf.load_state(run / rf.MODEL)
@@ -105,6 +107,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     omega = final["omega"].numpy()
     concepts = np.asarray([c["concept"] for c in data.clients])
     sizes = np.asarray([c["train_size"] for c in data.clients], dtype=float)
+    histograms = np.asarray([c["label_histogram"] for c in data.clients], dtype=float)
     result = {
         "algorithm": train_config.algorithm,
         "prediction": "hard" if config.hard else "soft",
@@ -116,6 +119,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
         "max_global_accuracy": top[prefix + "global_accuracy"],
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
+        "label_purity": label_purity(omega[part], histograms[part]),
     }
     clients = [
         {

@@ -228,6 +228,7 @@ def test_pipeline_through_the_cli_and_resume() -> None:
         "final_global_accuracy",
         "max_global_accuracy",
         "concept_purity",
+        "label_purity",
         "global_accuracy_by_concept",
     ):
         assert key in metrics

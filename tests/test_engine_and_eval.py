@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from pipeline.engine import LocalTask, SequentialExecutor
-from pipeline.evaluate import concept_purity, per_sample_losses, predictions
+from pipeline.evaluate import concept_purity, label_purity, per_sample_losses, predictions
 
 
 def executor(**kw) -> SequentialExecutor:
@@ -108,3 +108,14 @@ def test_concept_purity() -> None:
     assert concept_purity(np.ones((4, 1)), concepts, sizes) is None
     weighted = concept_purity(merged, concepts, np.array([3.0, 3.0, 1.0, 1.0]))
     assert weighted == pytest.approx(0.75)
+
+
+def test_label_purity() -> None:
+    """Two clients with labels {0: 3} and {1: 1}: clusters that follow them score 1, clusters
+    that hold every client half and half 1/K = ½, a single cluster nothing."""
+    histograms = np.array([[3.0, 0.0], [0.0, 1.0]])
+    assert label_purity(np.eye(2), histograms) == 1.0
+    assert label_purity(np.full((2, 2), 0.5), histograms) == 0.5
+    # client 0 ¾ in cluster 0: label 0 mass (2.25, 0.75), label 1 mass (0, 1) → (2.25 + 1) / 4
+    assert label_purity(np.array([[0.75, 0.25], [0.0, 1.0]]), histograms) == pytest.approx(0.8125)
+    assert label_purity(np.ones((2, 1)), histograms) is None

@@ -80,8 +80,9 @@ def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) 
             values = [r[key] for r in results]
             assert float(row[f"{stem}_mean"]) == pytest.approx(100 * np.mean(values))
             assert float(row[f"{stem}_std"]) == pytest.approx(100 * np.std(values))
-        purity = [r["concept_purity"] for r in results]
-        assert float(row["purity_mean"]) == pytest.approx(np.mean(purity))
+        for stem, key in (("purity", "concept_purity"), ("label_purity", "label_purity")):
+            shares = [r[key] for r in results]
+            assert float(row[f"{stem}_mean"]) == pytest.approx(np.mean(shares))
     paper = PAPER_TABLE1_FMNIST["FedRC"]
     assert (float(rows["fedrc"]["paper_local"]), float(rows["fedrc"]["paper_global"])) == (
         paper[0][0],
