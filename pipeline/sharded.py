@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pipeline import run_files as rf
-from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.algorithms import Algorithm
 from pipeline.checks import require_finite
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
@@ -41,14 +41,12 @@ from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
 from pipeline.evaluate import omega_table, per_sample_losses, predictions, summarize
 from pipeline.io import write_json
-from pipeline.models.layout import head_range
 from pipeline.training import (
     MomentumStore,
     RoundCallback,
+    build_run,
     checked_state,
-    initial_models,
     local_seed,
-    make_executor,
     prepare_run_dir,
     resolve_device,
     sample_clients,
@@ -270,12 +268,7 @@ def _run(
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
-    executor = make_executor(config, data, device)
-    algorithm = build_algorithm(
-        config, len(data.clients), data.num_classes, head_range(executor.model)
-    )
-    models = initial_models(executor, data, config, algorithm.num_rows)
-    momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
+    executor, algorithm, models, momentum = build_run(config, data, device)
     start, cached, eval_rounds, history = 0, None, [], []
     if resume:  # rank 0 reads the checkpoint and sends it to the others
         state = group.broadcast_object(

@@ -180,6 +180,24 @@ def checked_state(out: Path, wanted: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def build_run(
+    config: TrainConfig, data: FederatedData, device: torch.device
+) -> tuple[SequentialExecutor, Algorithm, torch.Tensor, MomentumStore]:
+    """What one training run holds, for the single-process and the sharded loop alike: the
+    executor, the algorithm, the K initial models and the momentum store."""
+    executor = make_executor(config, data, device)
+    algorithm = build_algorithm(
+        config, len(data.clients), data.num_classes, head_range(executor.model)
+    )
+    models = initial_models(executor, data, config, algorithm.num_rows)
+    return (
+        executor,
+        algorithm,
+        models,
+        MomentumStore(config.persistent_momentum, executor.num_trainable),
+    )
+
+
 def run_training(
     config: TrainConfig,
     *,
@@ -199,12 +217,7 @@ def run_training(
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
-    executor = make_executor(config, data, device)
-    algorithm = build_algorithm(
-        config, len(data.clients), data.num_classes, head_range(executor.model)
-    )
-    models = initial_models(executor, data, config, algorithm.num_rows)
-    momentum = MomentumStore(config.persistent_momentum, executor.num_trainable)
+    executor, algorithm, models, momentum = build_run(config, data, device)
     start, cached, eval_rounds, history = 0, None, [], []
     if resume:
         state = checked_state(out, wanted)
