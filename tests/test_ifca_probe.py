@@ -1,0 +1,43 @@
+"""experiments/fmnist/ifca_empty_clusters.py: the probe of the authors' IFCA aggregation."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+from conftest import TINY_TRAIN
+
+from pipeline.config import TrainConfig
+from pipeline.engine.task import LocalResult, LocalTask
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "fmnist" / "ifca_empty_clusters.py"
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("ifca_empty_clusters", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_zeroing_ifca_zeroes_only_the_models_nobody_chose() -> None:
+    probe = load_probe()
+    ifca = probe.ZeroingIFCA(3, 2, 10, TrainConfig(algorithm="ifca", clusters=3))
+    models = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    ifca.begin_round(models)
+    ifca.receive(0, LocalTask(1, models[1], torch.ones(2), 2.0), LocalResult(models[0], 0, None), 2)
+    ifca.receive(1, LocalTask(1, models[1], torch.ones(6), 6.0), LocalResult(models[2], 0, None), 6)
+    new = ifca.aggregate(models)
+    expected = torch.tensor([[0.0, 0.0], [2.5, 2.5], [0.0, 0.0]])  # (2·1 + 6·3) / 8 = 2.5
+    torch.testing.assert_close(new, expected)
+
+
+def test_probe_reports_members_of_every_model(tiny_data: Path) -> None:
+    probe = load_probe()
+    config = TrainConfig(data=str(tiny_data), algorithm="ifca", **TINY_TRAIN)
+    rows = probe.run(config, zero_empty=True)
+    assert [r[0] for r in rows] == [1, 2, 3]
+    for _, members, scores in rows:
+        assert len(members) == 2 and sum(members) == 12
+        assert 0.0 <= scores["global_accuracy"] <= 1.0
