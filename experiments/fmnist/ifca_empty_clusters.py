@@ -39,11 +39,12 @@ def run(config: TrainConfig, zero_empty: bool) -> list[tuple[int, list[int], dic
     executor, algorithm, models, momentum = build_run(config, data, torch.device("cpu"))
     if zero_empty:
         algorithm.__class__ = ZeroingIFCA
-    rows = []
+    rows, cached = [], None  # an evaluation's logits serve the next E-step, as in training
     for round_ in range(1, config.rounds + 1):
-        models, _ = train_round(round_, config, algorithm, executor, models, data, None, momentum)
+        models, _ = train_round(round_, config, algorithm, executor, models, data, cached, momentum)
+        cached = None
         if round_ % config.eval_every == 0 or round_ == config.rounds:
-            scores, _ = evaluate_round(algorithm, executor, models, data)
+            scores, cached = evaluate_round(algorithm, executor, models, data)
             members = algorithm.omega[data.participating].sum(0).round().int().tolist()
             rows.append((round_, members, scores))
     return rows
