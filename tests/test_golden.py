@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.config import ALGORITHMS, EvalConfig, TrainConfig
-from pipeline.run_files import METRICS, read_metrics
+from pipeline.run_files import METRICS, MODEL, load_state, read_metrics
 from pipeline.stages import eval_stage, train_stage
 
 GOLDEN = Path(__file__).parent / "golden" / "curves.json"
@@ -74,3 +76,13 @@ def test_golden_curve_resume_and_eval(
     last = read_metrics(run / METRICS)[-1]
     assert result["final_local_accuracy"] == pytest.approx(last["local_accuracy"], abs=1e-6)
     assert result["final_global_accuracy"] == pytest.approx(last["global_accuracy"], abs=1e-6)
+
+
+def test_evaluation_frequency_does_not_change_training(tiny_data: Path, tmp_path: Path) -> None:
+    """An evaluation's logits serve the next E-step, so they must be the E-step's own to the
+    last bit: otherwise soft assignments, and with them the whole run, depend on eval_every."""
+    final = {}
+    for every in (1, 3):
+        run_config = replace(config(tiny_data, "fedrc", tmp_path / f"{every}", 4), eval_every=every)
+        final[every] = load_state(train_stage(run_config) / MODEL)["models"]
+    assert torch.equal(final[1], final[3])
