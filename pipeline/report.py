@@ -3,9 +3,10 @@
 Runs that differ only in their seed form a group (an algorithm under one configuration); a
 group's accuracies are the mean ± standard deviation over its seeds (numpy's std, ddof = 0), in
 percent, at the round with the best train accuracy (the paper's model selection) and at the
-last round. Every number comes from the runs' own files: eval.json (accuracies, purity),
-metrics.jsonl (rounds actually run), config.json (configuration, seed, benchmark) and
-assignments.parquet (ω at the last evaluated round, for the cluster maps).
+last round, and at a quarter, half, three quarters and all of the rounds (is it still
+climbing?). Every number comes from the runs' own files: eval.json (accuracies, purity),
+metrics.jsonl (rounds run, global accuracy per evaluated round), config.json (configuration,
+seed, benchmark) and assignments.parquet (ω at the last evaluated round, for the cluster maps).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Run:
     config: dict[str, Any]
     result: dict[str, Any]
     rounds: int
+    global_curve: dict[int, float]  # evaluated round → soft global accuracy (metrics.jsonl)
 
     @property
     def seed(self) -> int:
@@ -151,7 +153,8 @@ def load_run(path: Path) -> Run:
     rows = rf.read_metrics(path / rf.METRICS)
     if not rows:
         raise FedrcError(f"{path / rf.METRICS}: no rounds")
-    return Run(path, config, result, max(r["round"] for r in rows))
+    curve = {r["round"]: r["global_accuracy"] for r in rows if "global_accuracy" in r}
+    return Run(path, config, result, max(r["round"] for r in rows), curve)
 
 
 def _identity(run: Run) -> tuple:
@@ -230,9 +233,26 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
     return 100 * float(np.mean(values)), 100 * float(np.std(values))
 
 
+def milestones(runs: list[Run]) -> list[int]:
+    """A quarter, half, three quarters and all of the longest run's rounds."""
+    longest = max(r.rounds for r in runs)
+    return sorted({max(1, math.ceil(longest * q / 4)) for q in range(1, 5)})
+
+
+def global_at(run: Run, round_: int) -> float | None:
+    """Soft global accuracy at the run's last evaluation at or before `round_`; None if the run
+    stopped before `round_` or had not been evaluated by then."""
+    if run.rounds < round_:
+        return None
+    evaluated = [r for r in run.global_curve if r <= round_]
+    return run.global_curve[max(evaluated)] if evaluated else None
+
+
 def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
-    """One row per group: mean ± std (%) over seeds of every metric, rounds, the paper's values."""
+    """One row per group: mean ± std (%) over seeds of every metric, rounds, the paper's values,
+    and global accuracy at the milestones (only where every seed got there)."""
     rows = []
+    marks = milestones([r for g in groups for r in g.runs])
     for group in groups:
         rounds = sorted({r.rounds for r in group.runs})
         row: dict[str, Any] = {
@@ -252,6 +272,10 @@ def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
                 row[f"{stem}_std"] = float(np.std(values)) if values else None
                 continue
             row[f"{stem}_mean"], row[f"{stem}_std"] = _stats(group.values(stem))
+        for mark in marks:
+            values = [global_at(r, mark) for r in group.runs]
+            complete = [v for v in values if v is not None] if None not in values else []
+            row[f"global_round{mark}_mean"], row[f"global_round{mark}_std"] = _stats(complete)
         local, global_ = PAPER_TABLE1_FMNIST.get(group.paper or "", ((None, None), (None, None)))
         row["paper_row"] = group.paper or ""
         row["paper_local"], row["paper_local_std"] = local
@@ -355,7 +379,25 @@ def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Ru
             "★: of one algorithm's configurations, the one with the best mean train "
             "accuracy (how the paper picks its learning rate).",
         ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + progress_table(rows, milestones(runs))) + "\n"
+
+
+def progress_table(rows: list[dict[str, Any]], marks: list[int]) -> list[str]:
+    """Global accuracy at the milestone rounds: whether an algorithm is still climbing."""
+    lines = [
+        "",
+        "## Global accuracy over rounds",
+        "",
+        "Soft global accuracy (%) at the last evaluation at or before each round, mean ± std "
+        "over seeds (– where a seed stopped earlier).",
+        "",
+        "| algorithm | " + " | ".join(f"round {m}" for m in marks) + " |",
+        "|---|" + "---|" * len(marks),
+    ]
+    for r in rows:
+        cells = [_cell(r[f"global_round{m}_mean"], r[f"global_round{m}_std"]) for m in marks]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -90,7 +90,8 @@ def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) 
     )
 
     markdown = (out / "report.md").read_text()
-    table = [line for line in markdown.splitlines() if line.startswith("| Fed")]
+    main_table = markdown.split("## Global accuracy over rounds")[0]
+    table = [line for line in main_table.splitlines() if line.startswith("| Fed")]
     assert [line.split(" | ")[0] for line in table] == ["| FedEM", "| FedRC"]
     assert "paper global" in markdown and "56.64 ± 2.14" in markdown  # FedEM's Table 1 value
     with Image.open(out / "report.png") as image:
@@ -149,3 +150,39 @@ def test_runs_of_other_benchmarks(runs_root: Path, tmp_path: Path) -> None:
     assert_one_line_error(invoke(root, "--out", out), "fedrc-s1", "another benchmark")
     assert [p.name for p in out.iterdir()] == ["report.md"]  # nothing new, nothing lost
     assert (out / "report.md").read_text() == "earlier report\n"
+
+
+def test_global_accuracy_over_rounds(runs_root: Path, tmp_path: Path) -> None:
+    """The milestone columns are the logged global accuracies, mean ± std over seeds; a group
+    with a seed that stopped before a milestone gets no number there."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    stopped = root / "fedem-s1" / "metrics.jsonl"
+    stopped.write_text(stopped.read_text().splitlines(keepends=True)[0])  # round 1 only
+    out = tmp_path / "out"
+    assert invoke(root, "--out", out).exit_code == 0
+    rows = read_csv(out / "report.csv")
+    curves = {
+        (a, s): {
+            r["round"]: r["global_accuracy"]
+            for r in map(
+                json.loads, (root / f"{a}-s{s}" / "metrics.jsonl").read_text().splitlines()
+            )
+        }
+        for a in ALGORITHMS
+        for s in SEEDS
+    }
+    for round_ in (1, 2):
+        values = [curves["fedrc", s][round_] for s in SEEDS]
+        assert float(rows["fedrc"][f"global_round{round_}_mean"]) == pytest.approx(
+            100 * np.mean(values)
+        )
+        assert float(rows["fedrc"][f"global_round{round_}_std"]) == pytest.approx(
+            100 * np.std(values)
+        )
+    values = [curves["fedem", s][1] for s in SEEDS]
+    assert float(rows["fedem"]["global_round1_mean"]) == pytest.approx(100 * np.mean(values))
+    assert rows["fedem"]["global_round2_mean"] == ""
+    progress = (out / "report.md").read_text().split("## Global accuracy over rounds")[1]
+    fedem = next(line for line in progress.splitlines() if line.startswith("| FedEM |"))
+    assert fedem.endswith("| – |") and "| round 1 | round 2 |" in progress
