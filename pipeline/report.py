@@ -248,11 +248,10 @@ def global_at(run: Run, round_: int) -> float | None:
     return run.global_curve[max(evaluated)] if evaluated else None
 
 
-def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
+def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
     """One row per group: mean ± std (%) over seeds of every metric, rounds, the paper's values,
-    and global accuracy at the milestones (only where every seed got there)."""
+    and global accuracy at the milestone rounds `marks` (only where every seed got there)."""
     rows = []
-    marks = milestones([r for g in groups for r in g.runs])
     for group in groups:
         rounds = sorted({r.rounds for r in group.runs})
         row: dict[str, Any] = {
@@ -274,7 +273,7 @@ def summary_rows(groups: list[Group]) -> list[dict[str, Any]]:
             row[f"{stem}_mean"], row[f"{stem}_std"] = _stats(group.values(stem))
         for mark in marks:
             values = [global_at(r, mark) for r in group.runs]
-            complete = [v for v in values if v is not None] if None not in values else []
+            complete = values if None not in values else []
             row[f"global_round{mark}_mean"], row[f"global_round{mark}_std"] = _stats(complete)
         local, global_ = PAPER_TABLE1_FMNIST.get(group.paper or "", ((None, None), (None, None)))
         row["paper_row"] = group.paper or ""
@@ -329,7 +328,9 @@ def _cell(mean: float | None, std: float | None) -> str:
     return f"{mean:.2f} ± {std:.2f}"
 
 
-def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Run]) -> str:
+def markdown(
+    rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Run], marks: list[int]
+) -> str:
     dataset = manifest.get("dataset", "?")
     clients = sum(c["participating"] for c in manifest["clients"])
     lines = [
@@ -379,7 +380,7 @@ def markdown(rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Ru
             "★: of one algorithm's configurations, the one with the best mean train "
             "accuracy (how the paper picks its learning rate).",
         ]
-    return "\n".join(lines + progress_table(rows, milestones(runs))) + "\n"
+    return "\n".join(lines + progress_table(rows, marks)) + "\n"
 
 
 def progress_table(rows: list[dict[str, Any]], marks: list[int]) -> list[str]:
@@ -458,9 +459,10 @@ def build_report(patterns: list[str], out: Path, dpi: int = 120) -> list[dict[st
     runs = [load_run(p) for p in find_runs(patterns)]
     groups = group_runs(runs)
     manifest = find_manifest(runs[0])
-    rows = summary_rows(groups)
+    marks = milestones(runs)
+    rows = summary_rows(groups, marks)
     maps = concept_maps(groups, manifest)
-    text = markdown(rows, manifest, runs)
+    text = markdown(rows, manifest, runs, marks)
     names = ("report.md", "report.csv", "report.png")
     with atomic_files(*(out / n for n in names)) as (md, table, figure):
         md.write_text(text)

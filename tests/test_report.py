@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from fedrc_cli.app import app
 from pipeline.config import EvalConfig, TrainConfig
 from pipeline.report import PAPER_TABLE1_FMNIST
+from pipeline.run_files import METRICS, read_metrics
 from pipeline.stages import eval_stage, train_stage
 
 runner = CliRunner()
@@ -164,10 +165,7 @@ def test_global_accuracy_over_rounds(runs_root: Path, tmp_path: Path) -> None:
     rows = read_csv(out / "report.csv")
     curves = {
         (a, s): {
-            r["round"]: r["global_accuracy"]
-            for r in map(
-                json.loads, (root / f"{a}-s{s}" / "metrics.jsonl").read_text().splitlines()
-            )
+            r["round"]: r["global_accuracy"] for r in read_metrics(root / f"{a}-s{s}" / METRICS)
         }
         for a in ALGORITHMS
         for s in SEEDS
