@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -9,6 +12,16 @@ from pipeline.stages import partition_stage, train_stage
 
 TINY_PARTITION = dict(dataset="synthetic", clients=12, samples_per_client=60, holdout_samples=200)
 TINY_TRAIN = dict(rounds=3, local_epochs=2, batch_size=16, lr=0.05, clusters=2, device="cpu")
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load_script(path: Path) -> ModuleType:
+    """Import a script that is not in a package (the experiments' probes) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

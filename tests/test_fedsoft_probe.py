@@ -1,25 +1,13 @@
 """experiments/fmnist/fedsoft_heldout.py: the probe of the authors' FedSoft held-out rule."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRAIN
+from conftest import EXPERIMENTS, TINY_TRAIN, load_script
 
 from pipeline.config import EvalConfig, TrainConfig
 from pipeline.stages import eval_stage, train_stage
-
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "fmnist" / "fedsoft_heldout.py"
-
-
-def load_probe():
-    spec = importlib.util.spec_from_file_location("fedsoft_heldout", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_probe_picks_the_models_fedrc_eval_scores_held_out_clients_with(
@@ -35,7 +23,7 @@ def test_probe_picks_the_models_fedrc_eval_scores_held_out_clients_with(
         c for c in json.loads((run / "eval_clients.json").read_text()) if not c["participating"]
     ]
 
-    rows = load_probe().held_out_scores(run)
+    rows = load_script(EXPERIMENTS / "fmnist" / "fedsoft_heldout.py").held_out_scores(run)
 
     assert [concept for concept, _, _ in rows] == list(result["final_global_accuracy_by_concept"])
     for (_, accuracy, chosen), client in zip(rows, held, strict=True):

@@ -1,28 +1,16 @@
 """experiments/fmnist/ifca_empty_clusters.py: the probe of the authors' IFCA aggregation."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
-from conftest import TINY_TRAIN
+from conftest import EXPERIMENTS, TINY_TRAIN, load_script
 
 from pipeline.config import TrainConfig
 from pipeline.engine.task import LocalResult, LocalTask
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "fmnist" / "ifca_empty_clusters.py"
-
-
-def load_probe():
-    spec = importlib.util.spec_from_file_location("ifca_empty_clusters", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_zeroing_ifca_zeroes_only_the_models_nobody_chose() -> None:
-    probe = load_probe()
+    probe = load_script(EXPERIMENTS / "fmnist" / "ifca_empty_clusters.py")
     ifca = probe.ZeroingIFCA(3, 2, 10, TrainConfig(algorithm="ifca", clusters=3))
     models = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     ifca.begin_round(models)
@@ -34,7 +22,7 @@ def test_zeroing_ifca_zeroes_only_the_models_nobody_chose() -> None:
 
 
 def test_probe_reports_members_of_every_model(tiny_data: Path) -> None:
-    probe = load_probe()
+    probe = load_script(EXPERIMENTS / "fmnist" / "ifca_empty_clusters.py")
     config = TrainConfig(data=str(tiny_data), algorithm="ifca", **TINY_TRAIN)
     rows = probe.run(config, zero_empty=True)
     assert [r[0] for r in rows] == [1, 2, 3]

@@ -30,8 +30,7 @@ def held_out_scores(run: Path) -> list[tuple[str, list[float], int]]:
     data = load_federated(Path(config.data))
     executor = make_executor(config, data, torch.device("cpu"))
     models = rf.load_state(run / rf.MODEL)["models"]
-    with torch.no_grad():
-        logits = all_logits(executor, models, data)
+    logits = all_logits(executor, models, data)
     concepts = data.manifest["concepts"]
     rows = []
     for client in data.held_out:
@@ -52,7 +51,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="FedSoft run folders")
     args = parser.parse_args()
-    torch.set_grad_enabled(False)
     for run in args.runs:
         rows = held_out_scores(run)
         print(f"{run}")
