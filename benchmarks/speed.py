@@ -2,8 +2,8 @@
 
 Synthetic uint8 images of the dataset's shape (random pixels and labels: this measures speed,
 not accuracy), every client participating, the real round loop (`pipeline.training.train_round`:
-E-step, local training, aggregation). Each executor runs in its own child process, so its peak
-memory is its own.
+E-step, local training streamed into the aggregate, aggregation). Each executor runs in its own
+child process, so its peak memory is its own.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python3 benchmarks/speed.py --device cpu \\
         --clients 30 --samples 200 --models 3 --rounds 1
@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.algorithms import build_algorithm
+from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData
 from pipeline.engine.sequential import as_input
 from pipeline.models import build_model
-from pipeline.training import MomentumStore, initial_models, make_executor, train_round
+from pipeline.training import build_run, train_round
 
 SHAPES = {"fmnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 
@@ -47,7 +47,10 @@ def synthetic(args: argparse.Namespace, device: torch.device) -> FederatedData:
     manifest = {
         "image_shape": [height, width, channels],
         "num_classes": 10,
-        "clients": [{"client_id": i, "participating": True} for i in range(args.clients)],
+        "clients": [
+            {"client_id": i, "participating": True, "train_size": args.samples}
+            for i in range(args.clients)
+        ],
     }
     empty = [slice(s.stop, s.stop) for s in slices]
     rows = torch.arange(n)
@@ -87,31 +90,29 @@ def measure(args: argparse.Namespace, executor_name: str) -> dict:
     device = torch.device(args.device)
     cfg = config(args, executor_name)
     data = synthetic(args, device)
-    executor = make_executor(cfg, data, device)
-    algorithm = build_algorithm(cfg, len(data.clients), data.num_classes)
-    models = initial_models(executor, data, cfg, algorithm.num_rows)
-    momentum = MomentumStore(False, executor.num_trainable)
+    run = build_run(cfg, data, Communicator(device))
     counted = {"train": 0}
-    train_many = executor.train_many
+    stream = run.executor.stream
 
     def counting(jobs):
-        counted["train"] += sum(labels.numel() for _, _, labels, _ in jobs) * cfg.local_epochs
-        return train_many(jobs)
+        for job, result in stream(jobs):
+            counted["train"] += job[2].numel() * cfg.local_epochs
+            yield job, result
 
-    executor.train_many = counting
+    run.executor.stream = counting
     for round_ in range(1, args.warmup + 1):
-        models, _ = train_round(round_, cfg, algorithm, executor, models, data, None, momentum)
+        train_round(round_, run, None)
     sync(device)
     counted["train"] = 0
     tic = time.perf_counter()
     for round_ in range(args.warmup + 1, args.warmup + args.rounds + 1):
-        models, _ = train_round(round_, cfg, algorithm, executor, models, data, None, momentum)
+        train_round(round_, run, None)
     sync(device)
     seconds = (time.perf_counter() - tic) / args.rounds
     return {
         "seconds": seconds,
         "train_samples": counted["train"] / args.rounds,
-        "estep_samples": args.clients * args.samples * algorithm.num_rows,
+        "estep_samples": args.clients * args.samples * run.algorithm.num_rows,
         "memory_mib": peak_memory(device),
     }
 

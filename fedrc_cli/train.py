@@ -96,7 +96,10 @@ def train(
     ] = None,
     checkpoint_every: Annotated[
         int | None,
-        typer.Option(help="Write checkpoint.pt every N rounds (and at the last round)."),
+        typer.Option(
+            help="Write checkpoint.pt every N rounds (and at the last round); default: every "
+            "round while a checkpoint is under 512 MB."
+        ),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for models, sampling and batches.")] = None,
     device: Annotated[

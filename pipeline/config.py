@@ -218,7 +218,9 @@ class TrainConfig:
     table_noise: float = 0.0  # FedRC: std ξ of Gaussian noise on the uploaded label tables
     shared_body: bool = False  # FedRC: one feature extractor shared by the K models, K heads
     eval_every: int = 1
-    checkpoint_every: int = 1  # write checkpoint.pt every N rounds (and at the last round)
+    # write checkpoint.pt every N rounds (and at the last round); None: every round while a
+    # checkpoint is small, less often when it is large (`training.checkpoint_interval`)
+    checkpoint_every: int | None = None
     seed: int = 0
     device: str = "auto"
     executor: str = "auto"  # auto (sequential on a CPU, batched on CUDA), batched, sequential
@@ -249,7 +251,7 @@ class TrainConfig:
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         ce = self.checkpoint_every
-        _require(ce >= 1, f"{t}.checkpoint_every", "an integer >= 1", ce)
+        _require(ce is None or ce >= 1, f"{t}.checkpoint_every", "an integer >= 1 or null", ce)
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
         ex, cc = self.executor, self.chunk_clients
         _require(ex in EXECUTORS, f"{t}.executor", f"one of {EXECUTORS}", ex)

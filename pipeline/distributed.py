@@ -3,17 +3,18 @@
 `torchrun` starts one process per GPU (or per CPU worker) and sets WORLD_SIZE, RANK and
 LOCAL_RANK; `Group.start` reads them and joins the process group: NCCL when the ranks train on
 CUDA (rank r on `cuda:LOCAL_RANK`), gloo on the CPU. Without torchrun (no WORLD_SIZE, or 1)
-nothing here runs and training is the single-process loop of `pipeline.training`.
+the round loop runs with the trivial `pipeline.communicate.Communicator`.
 
-`Group` offers the few collectives the sharded round needs, and counts the bytes each one moves
-(`traffic`), so a benchmark can report the communication volume per round.
+`Group` is the `Communicator` of a torchrun job: the same round loop, with sums all-reduced and
+per-client rows all-gathered. It counts the bytes each collective moves (`traffic`), so a
+benchmark can report the communication volume per round.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -21,6 +22,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from pipeline.communicate import Communicator, owners
+from pipeline.engine.rows import RowStore
 from pipeline.errors import FedrcError
 
 T = TypeVar("T")
@@ -54,16 +57,22 @@ def active() -> Group | None:
     return _active
 
 
-class Group:
-    """The ranks of one run, and the collectives they use; `traffic` counts the bytes."""
+class Group(Communicator):
+    """The ranks of one run, and the collectives they use; `traffic` counts the bytes.
+
+    Client i (i-th participating, then i-th held-out, in id order) lives on rank i mod W for
+    the whole run: a rank loads only its clients' shards and keeps their SGD momentum."""
 
     def __init__(self, rank: int, size: int, device: torch.device) -> None:
-        self.rank, self.size, self.device = rank, size, device
-        self.traffic = {"all_reduce": 0, "all_gather": 0, "broadcast": 0}
+        super().__init__(device)
+        self.rank, self.size = rank, size
+        self.owner: dict[int, int] = {}
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def place_clients(self, participating: list[int], held_out: list[int]) -> None:
+        self.owner = owners(participating, held_out, self.size)
+
+    def owns(self, client: int) -> bool:
+        return self.owner[client] == self.rank
 
     @classmethod
     @contextmanager
@@ -94,6 +103,55 @@ class Group:
             _active = None
             dist.destroy_process_group()
 
+    # --- the communicator's verbs --------------------------------------------------------
+    def sum(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            if tensor.device == self.device:
+                self.all_reduce(tensor)
+            else:  # NCCL reduces CUDA tensors only
+                tensor.copy_(self.all_reduce(tensor.to(self.device)))
+
+    def gather(
+        self,
+        clients: list[int],
+        local: dict[int, torch.Tensor],
+        sizes: dict[int, int],
+        empty: torch.Tensor,
+    ) -> dict[int, torch.Tensor]:
+        """One all-gather of every rank's rows (its own clients in `clients` order), cut back
+        into clients."""
+        blocks = [[c for c in clients if self.owner[c] == r] for r in range(self.size)]
+        counts = [sum(sizes[c] for c in block) for block in blocks]
+        mine = [local[c].to(self.device, empty.dtype) for c in blocks[self.rank]]
+        rows = torch.cat(mine) if mine else empty.to(self.device)
+        out = {}
+        for block, part in zip(blocks, self.all_gather_rows(rows, counts)):
+            offset = 0
+            for client in block:
+                out[client] = part[offset : offset + sizes[client]]
+                offset += sizes[client]
+        return out
+
+    def all_rows(
+        self, mine: Iterable[tuple[int, Callable[[], torch.Tensor]]], width: int
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        mine = list(mine)
+        keys = self.all_gather_object([key for key, _ in mine])
+        for step in range(max(map(len, keys))):
+            row = mine[step][1]() if step < len(mine) else torch.zeros(width)
+            sent = row.to(self.device, torch.float32)[None]
+            blocks = self.all_gather_rows(sent, [1] * self.size)
+            for rank, block in enumerate(blocks):
+                if step < len(keys[rank]):
+                    yield keys[rank][step], block[0].cpu()
+
+    def share(self, store: RowStore) -> None:
+        own = set(store.stored_keys())
+        mine = [(key, lambda key=key: store.get(key)) for key in store.stored_keys()]
+        for key, row in self.all_rows(mine, store.width):
+            if key not in own:
+                store.add(key, row)
+
     # --- collectives ---------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (`tensor` must live on `device`)."""
@@ -121,6 +179,14 @@ class Group:
         dist.all_gather_object(out, value)
         self.traffic["all_gather"] += len(pickle.dumps(value)) * self.size
         return out
+
+    def broadcast(self, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+        box = torch.empty(shape, dtype=torch.float32, device=self.device)
+        if self.is_main:
+            box.copy_(tensor)
+        dist.broadcast(box, src=0)
+        self.traffic["broadcast"] += box.numel() * box.element_size()
+        return box.cpu()
 
     def broadcast_object(self, value: Any, src: int = 0) -> Any:
         """Rank `src`'s picklable `value` on every rank."""

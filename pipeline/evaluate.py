@@ -15,6 +15,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms import Algorithm
+from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
 
@@ -22,17 +23,19 @@ from pipeline.engine import SequentialExecutor
 def all_logits(
     executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
 ) -> torch.Tensor:
-    """(R, N, classes) logits for every row; each distinct image goes through a model once."""
+    """(R, N, classes) logits for every row here; each distinct image goes through a model once."""
+    if not len(data.distinct):  # a place with no clients (more ranks than clients)
+        return models.new_zeros((models.shape[0], 0, data.num_classes))
     return executor.logits(models, data.images[data.distinct])[:, data.inverse]
 
 
 def personal_logits(
-    algorithm: Algorithm, executor: SequentialExecutor, data: FederatedData
+    algorithm: Algorithm, executor: SequentialExecutor, data: FederatedData, clients: list[int]
 ) -> dict[int, torch.Tensor]:
     """(1, N_i, classes) logits of each client's own model on its rows, where it has one
     (FedSoft's personal models)."""
     out = {}
-    for client in range(len(data.clients)):
+    for client in clients:
         own = algorithm.personal_model(client)
         if own is not None:
             rows = slice(data.train_slices[client].start, data.test_slices[client].stop)
@@ -59,60 +62,80 @@ def score_clients(
     data: FederatedData,
     omega: torch.Tensor,
     hard: bool,
-    personal: dict[int, torch.Tensor] | None = None,
-) -> list[dict[str, float]]:
-    """Train and test accuracy of every client, predicting with its row of ω (or its own model)."""
-    scores = []
-    for client, (train, test) in enumerate(zip(data.train_slices, data.test_slices)):
-        row = {}
-        own = (personal or {}).get(client)
-        for split, rows in (("train", train), ("test", test)):
-            if own is not None:
+    own: dict[int, torch.Tensor],
+    clients: list[int],
+) -> torch.Tensor:
+    """(all clients, 2) train and test accuracy of `clients` (zero elsewhere), each predicting
+    with its row of ω, or with its own models' logits on its rows where `own` has them."""
+    table = torch.zeros((len(data.clients), 2), dtype=torch.float64)
+    for client in clients:
+        train, test = data.train_slices[client], data.test_slices[client]
+        mine = own.get(client)
+        for column, rows in enumerate((train, test)):
+            if mine is not None:
                 local = slice(rows.start - train.start, rows.stop - train.start)
-                weights = omega[client] if own.shape[0] == omega.shape[1] else torch.ones(1)
-                pred = predictions(own[:, local], weights, hard)
+                weights = omega[client] if mine.shape[0] == omega.shape[1] else torch.ones(1)
+                pred = predictions(mine[:, local], weights, hard)
             else:
                 pred = predictions(logits[:, rows], omega[client], hard)
-            row[split] = float((pred == data.labels[rows]).float().mean())
-        scores.append(row)
-    return scores
+            table[client, column] = float((pred == data.labels[rows]).float().mean())
+    return table
 
 
-def summarize(data: FederatedData, scores: list[dict[str, float]]) -> dict[str, Any]:
-    """Client-averaged train / local / global accuracy and the global accuracy per concept."""
+def summarize(data: FederatedData, table: torch.Tensor) -> dict[str, Any]:
+    """Client-averaged train / local / global accuracy and the global accuracy per concept,
+    from a (clients, 2) table of train and test accuracies."""
     part, held = data.participating, data.held_out
+    scores = table.tolist()
     concepts = data.manifest["concepts"]
-    by_concept = {concepts[data.clients[h]["concept"]]: scores[h]["test"] for h in held}
+    by_concept = {concepts[data.clients[h]["concept"]]: scores[h][1] for h in held}
     return {
-        "train_accuracy": float(np.mean([scores[i]["train"] for i in part])),
-        "local_accuracy": float(np.mean([scores[i]["test"] for i in part])),
-        "global_accuracy": float(np.mean([scores[h]["test"] for h in held])),
+        "train_accuracy": float(np.mean([scores[i][0] for i in part])),
+        "local_accuracy": float(np.mean([scores[i][1] for i in part])),
+        "global_accuracy": float(np.mean([scores[h][1] for h in held])),
         "global_accuracy_by_concept": by_concept,
     }
 
 
-def omega_table(algorithm: Algorithm, num_clients: int) -> torch.Tensor:
-    return torch.stack([algorithm.predict_weights(i) for i in range(num_clients)])
+def fit_held_out(
+    algorithm: Algorithm, logits: torch.Tensor, data: FederatedData, comm: Communicator
+) -> None:
+    """Every non-participating client fits its ω on its labelled part (on every place, in
+    client order, from the losses that the client's own place computed)."""
+    held = data.held_out
+    sizes = {h: int(data.clients[h]["train_size"]) for h in held}
+    losses, labels = {}, {}
+    for h in held:
+        if comm.owns(h):
+            rows = data.train_slices[h]
+            labels[h] = data.labels[rows]
+            losses[h] = per_sample_losses(logits[:, rows], labels[h]).float()
+    empty = torch.zeros((0, logits.shape[0]))
+    losses = comm.gather(held, losses, sizes, empty)
+    labels = comm.gather(held, labels, sizes, torch.zeros(0, dtype=torch.int64))
+    for h in held:
+        algorithm.assign_held_out(h, losses[h], labels[h])
 
 
 def evaluate_round(
-    algorithm: Algorithm, executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
+    algorithm: Algorithm,
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    comm: Communicator,
 ) -> tuple[dict[str, Any], torch.Tensor]:
-    """Held-out E-steps, then soft and hard accuracies of every client.
-
-    Also returns the raw logits (R, N, classes) of every model row on every sample: the
-    participating clients' training rows are exactly what the next round's E-step needs.
-    """
+    """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
+    own place. Also returns the raw logits (R, N, classes) of every model row on this place's
+    rows: the participating clients' training rows are what the next round's E-step needs."""
     raw = all_logits(executor, models, data)
     logits = algorithm.combine_logits(raw)
-    for h in data.held_out:
-        rows = data.train_slices[h]
-        labels = data.labels[rows]
-        algorithm.assign_held_out(h, per_sample_losses(logits[:, rows], labels), labels)
-    omega = omega_table(algorithm, len(data.clients))
-    personal = personal_logits(algorithm, executor, data)
-    soft = summarize(data, score_clients(logits, data, omega, False, personal))
-    hard = summarize(data, score_clients(logits, data, omega, True, personal))
+    fit_held_out(algorithm, logits, data, comm)
+    omega = algorithm.omega_table()
+    mine = [c for c in range(len(data.clients)) if comm.owns(c)]
+    own = personal_logits(algorithm, executor, data, mine)
+    tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]
+    comm.sum(tables)
+    soft, hard = (summarize(data, t) for t in tables)
     return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, raw
 
 

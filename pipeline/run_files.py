@@ -4,7 +4,8 @@ runs/<name>/
   config.json          resolved TrainConfig + the data digest
   metrics.jsonl        one JSON line per round
   assignments.parquet  ω of every client (held-out ones marked) at every evaluated round
-  checkpoint.pt        the latest state, for --resume
+  checkpoint.pt        the latest resumable state (`RunState`), for --resume
+  checkpoint-momentum-r<N>.npy  the persistent SGD momentum of that state, where it is kept
   model.pt             the final models and ω, for eval and plot
 Checkpoints hold only tensors, numbers and strings and are read with weights_only=True.
 """
@@ -15,6 +16,7 @@ import io
 import json
 import pickle
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,18 @@ METRICS = "metrics.jsonl"
 ASSIGNMENTS = "assignments.parquet"
 CHECKPOINT = "checkpoint.pt"
 MODEL = "model.pt"
-CHECKPOINT_FORMAT = 1
+MOMENTUM_SNAPSHOTS = "checkpoint-momentum-r*.npy"
+CHECKPOINT_FORMAT = 2  # 2: momentum in its own file, torch's RNG state
 TRAIN_FILES = (CONFIG, METRICS, ASSIGNMENTS, CHECKPOINT, MODEL)
+
+
+def train_outputs(out: Path) -> list[Path]:
+    """The files `fedrc train` owns in a run folder (eval's and plot's are not among them)."""
+    return [out / name for name in TRAIN_FILES] + sorted(out.glob(MOMENTUM_SNAPSHOTS))
+
+
+def momentum_snapshot(out: Path, round_: int) -> Path:
+    return out / f"checkpoint-momentum-r{round_}.npy"
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
@@ -165,31 +177,65 @@ def read_assignments(path: Path) -> pa.Table:
     return read_parquet(path, "not found (did `fedrc train` finish?)")
 
 
-def save_checkpoint(
-    out: Path,
-    identity: str,
-    round_: int,
-    models: torch.Tensor,
-    algorithm_state: dict[str, Any],
-    eval_rounds: list[int],
-    history: list[torch.Tensor],
-    momentum: dict[int, dict[int, torch.Tensor]],
-    cached_logits: torch.Tensor | None,
-) -> None:
-    """Everything `--resume` needs to continue after `round_` with the same numbers."""
-    save_state(
-        out / CHECKPOINT,
-        {
-            "identity": identity,
-            "round": round_,
-            "models": models.cpu(),
-            "algorithm": algorithm_state,
-            "eval_rounds": eval_rounds,
-            "omega_history": history,
-            "momentum": momentum,
-            "cached_logits": None if cached_logits is None else cached_logits.cpu(),
-        },
-    )
+@dataclass
+class RunState:
+    """Everything `--resume` needs to continue after `round` with the same numbers.
+
+    The persistent SGD momentum, when the run keeps it, is too large for this file: it is the
+    snapshot `momentum_snapshot(out, round)` beside it, and `momentum_present` says which
+    (client, row) buffers that snapshot holds. Checkpoints of format 1 held the buffers
+    themselves, as {client: {row: buffer}}: `legacy_momentum`.
+    """
+
+    round: int
+    models: torch.Tensor
+    algorithm: dict[str, Any]
+    eval_rounds: list[int]
+    omega_history: list[torch.Tensor]
+    cached_logits: torch.Tensor | None
+    rng: torch.Tensor | None = None  # torch's CPU generator (dropout); None before format 2
+    momentum_present: torch.Tensor | None = None
+    legacy_momentum: dict[int, dict[int, torch.Tensor]] | None = None
+
+    def save(self, out: Path, identity: str) -> None:
+        """checkpoint.pt; then the momentum snapshots of earlier rounds are removed."""
+        save_state(
+            out / CHECKPOINT,
+            {
+                "identity": identity,
+                "round": self.round,
+                "models": self.models.cpu(),
+                "algorithm": self.algorithm,
+                "eval_rounds": self.eval_rounds,
+                "omega_history": self.omega_history,
+                "cached_logits": None if self.cached_logits is None else self.cached_logits.cpu(),
+                "rng": self.rng,
+                "momentum_present": self.momentum_present,
+            },
+        )
+        keep = momentum_snapshot(out, self.round)
+        for old in out.glob(MOMENTUM_SNAPSHOTS):
+            if old != keep:
+                old.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path) -> RunState:
+        state = load_state(path)
+        try:
+            legacy = state["momentum"] if state["format"] == 1 else None
+            return cls(
+                round=int(state["round"]),
+                models=state["models"],
+                algorithm=state["algorithm"],
+                eval_rounds=list(state["eval_rounds"]),
+                omega_history=list(state["omega_history"]),
+                cached_logits=state["cached_logits"],
+                rng=state.get("rng"),
+                momentum_present=state.get("momentum_present"),
+                legacy_momentum=legacy or None,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise FedrcError(f"{path}: not a fedrc checkpoint (lacks {e})") from None
 
 
 def save_model(

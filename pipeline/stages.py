@@ -92,6 +92,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     algorithm.load_state_dict(final["algorithm"])
     data = data.to(device)
     models = final["models"].to(device)
+    everyone = list(range(len(data.clients)))
     logits = algorithm.combine_logits(all_logits(executor, models, data))
     require_finite(f"{run / rf.MODEL}: round {final['round']}", {}, logits)
     if config.finetune:
@@ -99,9 +100,9 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
             raise FedrcError("--finetune: FedSoft already scores clients with personal models")
         own = finetuned_logits(algorithm, executor, models, data, train_config.seed)
     else:
-        own = personal_logits(algorithm, executor, data)
-    scores = score_clients(logits, data, final["omega"], config.hard, own)
-    final_summary = summarize(data, scores)
+        own = personal_logits(algorithm, executor, data, everyone)
+    table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
+    final_summary = summarize(data, table)
 
     part = np.asarray(data.participating)
     omega = final["omega"].numpy()
@@ -124,11 +125,11 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     clients = [
         {
             **{k: c[k] for k in ("client_id", "participating", "concept", "style", "severity")},
-            "train_accuracy": s["train"],
-            "test_accuracy": s["test"],
+            "train_accuracy": train,
+            "test_accuracy": test,
             "omega": [round(float(w), 6) for w in omega[i]],
         }
-        for i, (c, s) in enumerate(zip(data.clients, scores))
+        for i, (c, (train, test)) in enumerate(zip(data.clients, table.tolist()))
     ]
     require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
     with atomic_files(run / "eval.json", run / "eval_clients.json") as (tmp, tmp_clients):

@@ -1,14 +1,20 @@
-"""The federated round loop (FedRC paper, Algorithm 1), written once for every algorithm.
+"""The federated round loop (FedRC paper, Algorithm 1), written once for every algorithm and
+every place it runs: one process, or torchrun's ranks (`pipeline.communicate`).
 
-sample clients → E-step with the received models → γ-weighted local training of the K models →
+sample clients → E-step with the received models → γ-weighted local training of the K models,
+each result folded into the algorithm's running sums and dropped → sums combined over places →
 server aggregation → server bookkeeping (FedRC's C_{y,k}) → evaluate → log and checkpoint.
+A round holds K × model of sums and one chunk of local trainings, whatever the number of
+clients.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +25,21 @@ from pipeline import distributed
 from pipeline import run_files as rf
 from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.checks import require_finite
+from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
-from pipeline.data.shards import FederatedData, data_digest, load_federated
-from pipeline.engine import BatchedExecutor, LocalResult, LocalTask, SequentialExecutor
+from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
+from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
+from pipeline.engine.task import Job
 from pipeline.errors import FedrcError
-from pipeline.evaluate import evaluate_round, omega_table, per_sample_losses
+from pipeline.evaluate import evaluate_round, per_sample_losses
 from pipeline.io import write_json
 from pipeline.models import build_model
 from pipeline.models.layout import head_range
+from pipeline.momentum import MomentumStore
 
 RoundCallback = Callable[[dict[str, Any]], None]
+CHECKPOINT_BUDGET = 512 * 2**20  # bytes a checkpoint may write per round when not told how often
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,70 +95,108 @@ def initial_models(
     return torch.stack(flat)
 
 
-class MomentumStore:
-    """Each (client, row)'s SGD momentum across rounds (the authors' code)."""
+@dataclass
+class Run:
+    """What one training run holds on one place."""
 
-    def __init__(self, enabled: bool, size: int) -> None:
-        self.enabled, self.size = enabled, size
-        self.buffers: dict[int, dict[int, torch.Tensor]] = {}
-
-    def attach(self, client: int, task: LocalTask, device: torch.device) -> None:
-        if self.enabled:
-            saved = self.buffers.get(client, {}).get(task.model)
-            task.momentum = (
-                torch.zeros(self.size, device=device) if saved is None else saved.to(device)
-            )
-
-    def keep(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        if self.enabled and result.momentum is not None:
-            self.buffers.setdefault(client, {})[task.model] = result.momentum.cpu()
+    config: TrainConfig
+    data: FederatedData
+    comm: Communicator
+    executor: SequentialExecutor
+    algorithm: Algorithm
+    models: torch.Tensor
+    momentum: MomentumStore
 
 
-def train_round(
-    round_: int,
-    config: TrainConfig,
-    algorithm: Algorithm,
-    executor: SequentialExecutor,
-    models: torch.Tensor,
-    data: FederatedData,
-    cached_logits: torch.Tensor | None,
-    momentum: MomentumStore,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def build_run(
+    config: TrainConfig, data: FederatedData, comm: Communicator, out: Path | None = None
+) -> Run:
+    """The executor, the algorithm, the K initial models and (with `persistent_momentum`, in
+    `out`) the momentum store."""
+    executor = make_executor(config, data, comm.device)
+    algorithm = build_algorithm(
+        config, len(data.clients), data.num_classes, head_range(executor.model)
+    )
+    models = initial_models(executor, data, config, algorithm.num_rows)
+    folder = out if config.persistent_momentum else None
+    momentum = MomentumStore(
+        folder, data.participating, algorithm.num_rows, executor.num_trainable, comm
+    )
+    return Run(config, data, comm, executor, algorithm, models, momentum)
+
+
+def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> dict[str, Any]:
+    """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
+    config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
+    executor, models = run.executor, run.models
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
+    sizes = {c: int(data.clients[c]["train_size"]) for c in sampled}
+    mine = [c for c in sampled if comm.owns(c)]
     algorithm.begin_round(models)
-    # Every client's E-step first (Alg. 1 line 5): a client's assignment depends only on the
-    # models received, so collecting all tasks before training gives the per-client numbers.
-    jobs, owners = [], []
-    for client in sampled:
-        rows = data.train_slices[client]
-        x, y = data.images[rows], data.labels[rows]
-        # After an evaluation round the logits of these models on these samples are known.
-        raw = executor.logits(models, x) if cached_logits is None else cached_logits[:, rows]
-        losses = per_sample_losses(algorithm.combine_logits(raw), y)
-        gamma = algorithm.assign(client, losses, y)  # E-step / assignment (Alg. 1 line 5)
-        for task in algorithm.local_tasks(client, gamma.detach(), models, raw):
-            momentum.attach(client, task, models.device)
-            jobs.append((task, x, y, local_seed(config.seed, round_, client)))
-            owners.append(client)
-    try:
-        results = executor.train_many(jobs)  # local training (Alg. 1 lines 6-7), batched or not
+    # The E-step inputs of this place's clients (Alg. 1 line 5), in one pass over their rows:
+    # one (R, n, classes) block of logits rather than a small tensor per client.
+    spans = [data.train_slices[c] for c in mine]
+    index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
+    index = index.to(data.labels.device)
+    # After an evaluation round the logits of these models on these samples are known.
+    block = (
+        executor.logits(models, data.images[index])
+        if cached_logits is None
+        else (cached_logits[:, index])
+    )
+    block_losses = per_sample_losses(algorithm.combine_logits(block), data.labels[index])
+    raw, losses, labels, at = {}, {}, {}, 0
+    for client, span in zip(mine, spans):
+        part = slice(at, at + span.stop - span.start)
+        raw[client], losses[client], labels[client] = (
+            block[:, part],
+            block_losses[part],
+            (data.labels[span]),
+        )
+        at = part.stop
+    losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
+    labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
+    # Every place assigns every sampled client, in client order: the state stays identical.
+    gammas = {c: algorithm.assign(c, losses[c], labels[c]).detach() for c in sampled}
+
+    def jobs() -> Iterator[Job]:  # built one client at a time, as the executor asks
+        for client in mine:
+            rows = data.train_slices[client]
+            tasks = algorithm.local_tasks(client, gammas.pop(client), models, raw.pop(client))
+            for task in tasks:
+                task.client = client
+                run.momentum.attach(task, models.device)
+                yield (
+                    task,
+                    data.images[rows],
+                    data.labels[rows],
+                    local_seed(config.seed, round_, client),
+                )
+
+    loss_sum, error = torch.zeros(1, dtype=torch.float64, device=comm.device), None
+    try:  # local training (Alg. 1 lines 6-7); each result is folded in, then dropped
+        for (task, *_), result in executor.stream(jobs()):
+            run.momentum.keep(task, result)
+            algorithm.fold(task.client, task, result)
+            loss_sum += result.loss_sum
     except NonFiniteLoss as e:
-        client, task = owners[e.index], jobs[e.index][0]
-        raise FedrcError(
-            f"round {round_}, client {client}, model {task.model}: {e} — training "
+        task = e.job[0]
+        error = (
+            f"round {round_}, client {task.client}, model {task.model}: {e} — training "
             f"diverged; lower --lr (now {config.lr})"
-        ) from None
-    loss_sum = 0.0
-    for client, (task, _, y, _), result in zip(owners, jobs, results):
-        momentum.keep(client, task, result)
-        algorithm.receive(client, task, result, y.numel())
-        loss_sum += result.loss_sum
-    seen = sum(data.train_slices[c].stop - data.train_slices[c].start for c in sampled)
-    seen *= config.local_epochs
-    models = algorithm.aggregate(models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
+        )
+    failed = next((e for e in comm.all_gather_object(error) if e is not None), None)
+    if failed is not None:  # every place stops when one failed
+        raise FedrcError(failed)
+    comm.sum([*algorithm.contributions(), loss_sum])
+    shared = algorithm.shared_rows()
+    if shared is not None:
+        comm.share(shared)
+    run.models = algorithm.aggregate(models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
     algorithm.end_round()
-    row = {"train_loss": loss_sum / max(seen, 1), "clients": len(sampled)}
-    return models, {**row, **algorithm.round_info()}
+    seen = sum(sizes.values()) * config.local_epochs
+    row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
+    return {**row, **algorithm.round_info()}
 
 
 def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
@@ -156,7 +204,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
         if not (out / rf.CHECKPOINT).is_file():
             raise FedrcError(f"--resume: no checkpoint in {out}")
         return
-    owned = [out / name for name in rf.TRAIN_FILES]
+    owned = rf.train_outputs(out)
     if any(p.exists() for p in owned):
         if not overwrite:
             raise FedrcError(
@@ -168,34 +216,63 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def checked_state(out: Path, wanted: dict[str, Any]) -> dict[str, Any]:
+def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
     """The checkpoint to resume, refused when written with another configuration."""
-    state = rf.load_state(out / rf.CHECKPOINT)
-    other = rf.identity_mismatch(rf.state_identity(out / rf.CHECKPOINT, state), wanted)
+    path = out / rf.CHECKPOINT
+    other = rf.identity_mismatch(rf.state_identity(path, rf.load_state(path)), wanted)
     if other is not None:
         raise FedrcError(
-            f"--resume: {out / rf.CHECKPOINT} was written with {other}; "
-            "start a new run with another --out"
+            f"--resume: {path} was written with {other}; start a new run with another --out"
         )
-    return state
+    return rf.RunState.load(path)
 
 
-def build_run(
-    config: TrainConfig, data: FederatedData, device: torch.device
-) -> tuple[SequentialExecutor, Algorithm, torch.Tensor, MomentumStore]:
-    """What one training run holds, for the single-process and the sharded loop alike: the
-    executor, the algorithm, the K initial models and the momentum store."""
-    executor = make_executor(config, data, device)
-    algorithm = build_algorithm(
-        config, len(data.clients), data.num_classes, head_range(executor.model)
+def checkpoint_interval(config: TrainConfig, run: Run) -> int:
+    """`checkpoint_every`, or when not set: every round while a checkpoint is small, else as
+    often as keeps the average write under CHECKPOINT_BUDGET bytes per round."""
+    if config.checkpoint_every is not None:
+        return config.checkpoint_every
+    logits = run.data.labels.numel() * run.models.shape[0] * run.data.num_classes
+    size = 4 * (run.models.numel() + logits)
+    if run.momentum.enabled:
+        size += len(run.momentum.clients) * run.momentum.rows * run.momentum.size * 4
+    return max(1, math.ceil(size / CHECKPOINT_BUDGET))
+
+
+def save_checkpoint(
+    run: Run,
+    out: Path,
+    identity: str,
+    round_: int,
+    eval_rounds: list[int],
+    history: list[torch.Tensor],
+    cached: torch.Tensor | None,
+) -> None:
+    """The momentum snapshot (every place takes part), then checkpoint.pt (the main place)."""
+    present = None
+    if run.momentum.enabled:
+        present = run.momentum.save(rf.momentum_snapshot(out, round_))
+    state = rf.RunState(
+        round_,
+        run.models,
+        run.algorithm.state_dict(),
+        eval_rounds,
+        history,
+        cached if run.comm.size == 1 else None,  # a place's cached rows are its own
+        torch.get_rng_state(),
+        present,
     )
-    models = initial_models(executor, data, config, algorithm.num_rows)
-    return (
-        executor,
-        algorithm,
-        models,
-        MomentumStore(config.persistent_momentum, executor.num_trainable),
-    )
+    if run.comm.is_main:
+        state.save(out, identity)
+
+
+def evaluation_checked(run: Run, round_: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """The round's scores and logits; every place stops when one place's logits diverged."""
+    scores, logits = evaluate_round(run.algorithm, run.executor, run.models, run.data, run.comm)
+    diverged = run.comm.any(not bool(torch.isfinite(logits).all()))
+    bad = torch.tensor([float("nan")]) if diverged else None
+    require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
+    return scores, logits
 
 
 def run_training(
@@ -205,68 +282,85 @@ def run_training(
     overwrite: bool = False,
     on_round: RoundCallback | None = None,
 ) -> Path:
-    if distributed.launched():  # torchrun with several processes: the clients are sharded
-        from pipeline.sharded import run_sharded
+    """Train in this process, or as one rank of a torchrun job (the clients shared out)."""
+    if not distributed.launched():
+        comm = Communicator(resolve_device(config.device))
+        return train_run(config, comm, resume, overwrite, on_round)
+    if config.device == "cuda":
+        resolve_device("cuda")  # no GPU: the same one-line error on every rank
+    with distributed.Group.start(config.device) as group:
+        return train_run(config, group, resume, overwrite, on_round)
 
-        return run_sharded(config, resume=resume, overwrite=overwrite, on_round=on_round)
-    device = resolve_device(config.device)
-    data = load_federated(Path(config.data)).to(device)
-    out = Path(config.out)
-    prepare_run_dir(out, resume, overwrite)
+
+def train_run(
+    config: TrainConfig,
+    comm: Communicator,
+    resume: bool,
+    overwrite: bool,
+    on_round: RoundCallback | None,
+) -> Path:
+    out, main = Path(config.out), comm.is_main
+    # Every step that can fail on one place only is agreed on: all places raise its error.
+    manifest = comm.agree(lambda: read_manifest(Path(config.data)))
+    ids = [(c["client_id"], c["participating"]) for c in manifest["clients"]]
+    comm.place_clients([c for c, p in ids if p], [c for c, p in ids if not p])
+    mine = None if comm.size == 1 else {c for c, _ in ids if comm.owns(c)}
+    data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
+    comm.agree(lambda: prepare_run_dir(out, resume, overwrite), everywhere=False)
     digest = data_digest(data.manifest)
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
-    executor, algorithm, models, momentum = build_run(config, data, device)
-    start, cached, eval_rounds, history = 0, None, [], []
-    if resume:
-        state = checked_state(out, wanted)
-        models = state["models"].to(device)
-        algorithm.load_state_dict(state["algorithm"])
-        start, eval_rounds = state["round"], state["eval_rounds"]
-        history = list(state["omega_history"])
-        momentum.buffers = state["momentum"]
-        cached = None if state["cached_logits"] is None else state["cached_logits"].to(device)
-        rf.truncate_metrics(out / rf.METRICS, start)
-    write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
-
-    for round_ in range(start + 1, config.rounds + 1):
-        tic = time.perf_counter()
-        models, row = train_round(
-            round_, config, algorithm, executor, models, data, cached, momentum
-        )
-        cached = None
-        if round_ % config.eval_every == 0 or round_ == config.rounds:
-            scores, cached = evaluate_round(algorithm, executor, models, data)
-            require_finite(f"round {round_}: evaluation", scores, cached, config.lr)
-            row.update(scores)
-            eval_rounds.append(round_)
-            history.append(omega_table(algorithm, len(data.clients)).float())
-        row = {"round": round_, **row, "seconds": time.perf_counter() - tic}
-        rf.append_metrics(out / rf.METRICS, row)
-        rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
-        if round_ % config.checkpoint_every == 0 or round_ == config.rounds:
-            rf.save_checkpoint(
-                out,
-                identity,
-                round_,
-                models,
-                algorithm.state_dict(),
-                eval_rounds,
-                history,
-                momentum.buffers,
-                cached,
+    run = comm.agree(lambda: build_run(config, data, comm, out))
+    try:
+        start, cached, eval_rounds, history = 0, None, [], []
+        if resume:  # the main place reads the checkpoint and sends it to the others
+            state = comm.broadcast_object(
+                comm.agree(lambda: checked_state(out, wanted), everywhere=False)
             )
-        if on_round is not None:
-            on_round(row)
+            run.models = state.models.to(comm.device)
+            run.algorithm.load_state_dict(state.algorithm)
+            start, eval_rounds, history = state.round, state.eval_rounds, state.omega_history
+            snapshot = rf.momentum_snapshot(out, state.round)
+            run.momentum.load(snapshot, state.momentum_present, state.legacy_momentum)
+            if state.rng is not None:
+                torch.set_rng_state(state.rng)
+            if comm.size == 1 and state.cached_logits is not None:  # rows differ across places
+                cached = state.cached_logits.to(comm.device)
+            if main:
+                rf.truncate_metrics(out / rf.METRICS, start)
+        if main:
+            write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
+        every = checkpoint_interval(config, run)
 
-    rf.save_model(
-        out,
-        identity,
-        config.rounds,
-        config.algorithm,
-        models,
-        omega_table(algorithm, len(data.clients)),
-        algorithm.state_dict(),
-    )
+        for round_ in range(start + 1, config.rounds + 1):
+            tic = time.perf_counter()
+            row = train_round(round_, run, cached)
+            cached = None
+            if round_ % config.eval_every == 0 or round_ == config.rounds:
+                scores, cached = evaluation_checked(run, round_)
+                row.update(scores)
+                eval_rounds.append(round_)
+                history.append(run.algorithm.omega_table().float())
+            row = {"round": round_, **row, "seconds": time.perf_counter() - tic}
+            if main:
+                rf.append_metrics(out / rf.METRICS, row)
+                rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
+            if round_ % every == 0 or round_ == config.rounds:
+                save_checkpoint(run, out, identity, round_, eval_rounds, history, cached)
+            if main and on_round is not None:
+                on_round(row)
+    finally:
+        run.momentum.close()
+
+    if main:
+        rf.save_model(
+            out,
+            identity,
+            config.rounds,
+            config.algorithm,
+            run.models,
+            run.algorithm.omega_table(),
+            run.algorithm.state_dict(),
+        )
     return out

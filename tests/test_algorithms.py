@@ -81,8 +81,8 @@ def test_aggregation_is_sample_weighted_and_keeps_untrained_models() -> None:
     algo = make("fedem")
     models = torch.tensor([[1.0, 1.0], [5.0, 5.0]])
     algo.begin_round(models)
-    algo.receive(0, LocalTask(0, models[0], torch.ones(10), weight=10), result([2.0, 0.0]), 10)
-    algo.receive(1, LocalTask(0, models[0], torch.ones(30), weight=30), result([4.0, 3.0]), 30)
+    algo.fold(0, LocalTask(0, models[0], torch.ones(10), weight=10), result([2.0, 0.0]))
+    algo.fold(1, LocalTask(0, models[0], torch.ones(30), weight=30), result([4.0, 3.0]))
     new = algo.aggregate(models)  # nobody trained model 1
     torch.testing.assert_close(new[0], torch.tensor([3.5, 2.25]))  # (10·a + 30·b) / 40
     torch.testing.assert_close(new[1], models[1])
@@ -175,8 +175,8 @@ def test_shared_body_averages_bodies_by_gamma_mass_and_keeps_heads_apart() -> No
     rc.begin_round(models)
     gamma = torch.tensor([[0.75, 0.25]] * 4)  # γ-mass 3 for model 0, 1 for model 1
     tasks = rc.local_tasks(0, gamma, models, torch.zeros(2, 4, 3))
-    rc.receive(0, tasks[0], LocalResult(torch.tensor([4.0, 0.0, 1.0]), 0.0, None), 4)
-    rc.receive(0, tasks[1], LocalResult(torch.tensor([0.0, 8.0, 2.0]), 0.0, None), 4)
+    rc.fold(0, tasks[0], LocalResult(torch.tensor([4.0, 0.0, 1.0]), 0.0, None))
+    rc.fold(0, tasks[1], LocalResult(torch.tensor([0.0, 8.0, 2.0]), 0.0, None))
     new = rc.aggregate(models)
     body = torch.tensor([(3 * 4.0 + 0.0) / 4, (0.0 + 1 * 8.0) / 4])
     torch.testing.assert_close(

@@ -26,7 +26,7 @@ def run_round(algo, models, trained: dict[int, tuple[int, list[float]]], losses=
         client_losses = losses[client] if losses else torch.zeros(n, algo.num_models)
         gamma = algo.assign(client, client_losses, torch.zeros(n, dtype=torch.long))
         for task in algo.local_tasks(client, gamma, models, torch.zeros(algo.num_rows, n, 3)):
-            algo.receive(client, task, result(*params), n)
+            algo.fold(client, task, result(*params))
     new = algo.aggregate(models)
     algo.end_round()
     return new
@@ -141,8 +141,8 @@ def test_ifca_cam_sums_logits_and_updates_clusters_with_the_global_n() -> None:
         k = int(algo.cluster[client])
         assert torch.equal(cluster_task.offset, client_raw[2])  # Θ_g frozen
         assert torch.equal(global_task.offset, client_raw[k])  # Θ_{c(i)} frozen
-        algo.receive(client, cluster_task, result(float(client + 1)), n)
-        algo.receive(client, global_task, result(50.0 + client), n)
+        algo.fold(client, cluster_task, result(float(client + 1)))
+        algo.fold(client, global_task, result(50.0 + client))
     new = algo.aggregate(models)
     # cluster 0 = clients 0, 1: (1 − 40/100)·0 + (10·1 + 30·2)/100; cluster 1 = client 2
     torch.testing.assert_close(new[0], torch.tensor([0.7]))
@@ -170,8 +170,8 @@ def test_fesem_cam_k_means_on_cluster_models() -> None:
         gamma = algo.assign(client, torch.zeros(10, 2), torch.zeros(10, dtype=torch.long))
         cluster_task, global_task = algo.local_tasks(client, gamma, models, torch.zeros(3, 10, 3))
         assert cluster_task.mu == 0.1 and torch.equal(cluster_task.anchor, models[0])
-        algo.receive(client, cluster_task, result(*p), 10)
-        algo.receive(client, global_task, result(1.0, 1.0), 10)
+        algo.fold(client, cluster_task, result(*p))
+        algo.fold(client, global_task, result(1.0, 1.0))
     new = algo.aggregate(models)
     torch.testing.assert_close(new[0], torch.tensor([-4.5, 0.0]))
     torch.testing.assert_close(new[1], torch.tensor([5.5, 5.0]))

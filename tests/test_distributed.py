@@ -16,15 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_metrics_close
 
 from pipeline import distributed
+from pipeline.communicate import owners
 from pipeline.config import TrainConfig, build_config
 from pipeline.data.shards import load_federated
 from pipeline.run_files import METRICS, MODEL, read_metrics
-from pipeline.sharded import owners
 from pipeline.training import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,11 @@ def test_resume_distributed_run(tiny_data: Path, tmp_path: Path) -> None:
     # the checkpoint holds every client's momentum, as a single-process one does
     state = torch.load(half / "checkpoint.pt", weights_only=True)
     reference = torch.load(expected / "checkpoint.pt", weights_only=True)
-    assert sorted(state["momentum"]) == sorted(reference["momentum"])
+    assert torch.equal(state["momentum_present"], reference["momentum_present"])
+    assert bool(state["momentum_present"].any())
+    buffers = [np.load(run / "checkpoint-momentum-r3.npy") for run in (half, expected)]
+    np.testing.assert_allclose(buffers[0], buffers[1], atol=1e-5, rtol=1e-5)
+    assert not list(half.glob(".momentum-*")) and not list(half.glob("checkpoint-momentum-r2*"))
 
 
 def test_refused_run_ends_every_rank(tiny_data: Path, tmp_path: Path) -> None:
@@ -126,7 +131,7 @@ def test_refused_run_ends_every_rank(tiny_data: Path, tmp_path: Path) -> None:
 
 def test_each_rank_loads_its_own_clients(tiny_data: Path) -> None:
     whole = load_federated(tiny_data)
-    owner = owners(whole.clients, 2)
+    owner = owners(whole.participating, whole.held_out, 2)
     assert sorted(owner) == list(range(len(whole.clients)))
     shares = [{c for c, r in owner.items() if r == rank} for rank in (0, 1)]
     assert shares[0].isdisjoint(shares[1])

@@ -14,8 +14,8 @@ def test_zeroing_ifca_zeroes_only_the_models_nobody_chose() -> None:
     ifca = probe.ZeroingIFCA(3, 2, 10, TrainConfig(algorithm="ifca", clusters=3))
     models = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     ifca.begin_round(models)
-    ifca.receive(0, LocalTask(1, models[1], torch.ones(2), 2.0), LocalResult(models[0], 0, None), 2)
-    ifca.receive(1, LocalTask(1, models[1], torch.ones(6), 6.0), LocalResult(models[2], 0, None), 6)
+    ifca.fold(0, LocalTask(1, models[1], torch.ones(2), 2.0), LocalResult(models[0], 0, None))
+    ifca.fold(1, LocalTask(1, models[1], torch.ones(6), 6.0), LocalResult(models[2], 0, None))
     new = ifca.aggregate(models)
     expected = torch.tensor([[0.0, 0.0], [2.5, 2.5], [0.0, 0.0]])  # (2·1 + 6·3) / 8 = 2.5
     torch.testing.assert_close(new, expected)

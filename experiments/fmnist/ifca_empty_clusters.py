@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from pipeline.algorithms.ifca import IFCA
+from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.shards import load_federated
 from pipeline.evaluate import evaluate_round
@@ -36,15 +37,19 @@ class ZeroingIFCA(IFCA):
 
 def run(config: TrainConfig, zero_empty: bool) -> list[tuple[int, list[int], dict]]:
     data = load_federated(Path(config.data))
-    executor, algorithm, models, momentum = build_run(config, data, torch.device("cpu"))
+    comm = Communicator(torch.device("cpu"))
+    training = build_run(config, data, comm)
     if zero_empty:
-        algorithm.__class__ = ZeroingIFCA
+        training.algorithm.__class__ = ZeroingIFCA
     rows, cached = [], None  # an evaluation's logits serve the next E-step, as in training
     for round_ in range(1, config.rounds + 1):
-        models, _ = train_round(round_, config, algorithm, executor, models, data, cached, momentum)
+        train_round(round_, training, cached)
         cached = None
         if round_ % config.eval_every == 0 or round_ == config.rounds:
-            scores, cached = evaluate_round(algorithm, executor, models, data)
+            algorithm = training.algorithm
+            scores, cached = evaluate_round(
+                algorithm, training.executor, training.models, data, comm
+            )
             members = algorithm.omega[data.participating].sum(0).round().int().tolist()
             rows.append((round_, members, scores))
     return rows

@@ -28,9 +28,7 @@ def build_algorithm(
 ) -> Algorithm:
     """`head`: where the final layer sits in a flat model (`models.layout.head_range`), for the
     variants that treat it apart (FedRC's shared body)."""
-    algorithm = REGISTRY[config.algorithm](config.num_models, num_clients, num_classes, config)
-    algorithm.head = head
-    return algorithm
+    return REGISTRY[config.algorithm](config.num_models, num_clients, num_classes, config, head)
 
 
 __all__ = ["REGISTRY", "Algorithm", "build_algorithm"]

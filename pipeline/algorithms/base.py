@@ -1,14 +1,19 @@
 """The contract every algorithm fulfils; the round loop in `pipeline.training` calls these verbs.
 
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
-  `begin_round(models)`              the server's models before local training
-for each sampled client i:
+  `begin_round(models)`              the server's models before local training; the running
+                                     aggregates start from zero
+for each sampled client i (on every place, in client order, so state stays identical):
   `assign(i, losses, labels)`        E-step / cluster assignment with the models just received →
                                      γ (N_i, K), also updates ω_i
+for each sampled client i of this place:
   `local_tasks(i, gamma, models, raw)`  the local trainings to run (`engine.LocalTask`)
-  `receive(i, task, result, N_i)`    the server collects one trained model
-then once on the server:
-  `aggregate(models)`                the new global models
+  `fold(i, task, result)`            add one trained model to the running aggregates; the loop
+                                     drops the result right after, so a round holds one
+then once per round:
+  `contributions()`                  the running sums, which a communicator adds up over places
+  `shared_rows()`                    per-client vectors a rule needs all at once (or None)
+  `aggregate(models)`                the new global models, from the combined contributions
   `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
@@ -17,6 +22,12 @@ and for prediction:
   `personal_model(i)`                a client's own model, where the algorithm keeps one
 
 `models` is an (R, P) tensor of flat models; R = `num_rows` (K, or K + 1 with a global model).
+
+State: what `state_dict` returns (ω, label tables, clusters, …) is the same on every place and
+goes into checkpoints; the round's aggregates live from `begin_round` to `aggregate` only. A
+`fold` must only add to `contributions()` or write `shared_rows()`: per-client facts that other
+places need (FeSEM's new cluster of a client) travel as rows of a summed (clients,) tensor.
+Memory per round is K × model for the sums, plus whatever `shared_rows` keeps on disk.
 """
 
 from __future__ import annotations
@@ -26,29 +37,32 @@ from typing import Any, ClassVar
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
 
 class Algorithm:
     name: ClassVar[str]
     paper: ClassVar[str]
-    # The attributes `receive` only adds N_i-weighted terms to. A distributed run (see
-    # pipeline.sharded) sums them over ranks instead of sending every trained model to every
-    # rank. Empty (the safe default): `receive` keeps per-client results, so each result is
-    # sent to every rank and every rank calls `receive` for every client, in client order.
-    summed: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
         self.num_models = num_models
         self.num_clients = num_clients
         self.num_classes = num_classes
         self.config = config
+        # [start, stop) of the final layer in a flat model, for variants that share everything
+        # else across the K models (`models.layout.head_range`)
+        self.head = head
         self.omega = torch.full((num_clients, num_models), 1.0 / num_models, dtype=torch.float64)
         self._sums: torch.Tensor | None = None
         self._totals: torch.Tensor | None = None
-        # [start, stop) of the final layer in a flat model; set by the round loop for variants
-        # that share everything else across the K models
-        self.head: tuple[int, int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -70,13 +84,24 @@ class Algorithm:
         n = float(gamma.shape[0])
         return [LocalTask(k, models[k], gamma[:, k], weight=n) for k in range(self.num_models)]
 
+    # --- aggregation ----------------------------------------------------------------------
     def begin_round(self, models: torch.Tensor) -> None:
         self._sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
         self._totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        """Σ_i w_ik θ_ik and Σ_i w_ik per row k."""
         self._sums[task.model] += task.weight * result.params
         self._totals[task.model] += task.weight
+
+    def contributions(self) -> list[torch.Tensor]:
+        """The round's running sums, added up over places (in place) before `aggregate`."""
+        return [self._sums, self._totals]
+
+    def shared_rows(self) -> RowStore | None:
+        """Per-client vectors every place needs before `aggregate` (None: nothing to share).
+        Whether it is None must not depend on the place."""
+        return None
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         """θ_k ← θ_k + η_g (Σ_i w_ik θ_ik / Σ_i w_ik − θ_k); a model nobody trained is kept."""
@@ -95,6 +120,10 @@ class Algorithm:
 
     def predict_weights(self, client: int) -> torch.Tensor:
         return self.omega[client]
+
+    def omega_table(self) -> torch.Tensor:
+        """(clients, K): every client's ω, as used for prediction."""
+        return torch.stack([self.predict_weights(i) for i in range(self.num_clients)])
 
     def personal_model(self, client: int) -> torch.Tensor | None:
         return None

@@ -25,6 +25,7 @@ import torch
 
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
 from pipeline.config import TrainConfig
+from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
 LLOYD_ITERATIONS = 10
@@ -33,13 +34,19 @@ LLOYD_ITERATIONS = 10
 class IFCACAM(Algorithm):
     name = "ifca-cam"
     paper = "Ma et al., NeurIPS 2023"
-    summed = ("_sums", "_totals", "_samples")
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
         self.round = 0
         self.cluster = torch.full((num_clients,), -1, dtype=torch.long)
-        self._samples = 0.0
+        self._samples: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -84,18 +91,21 @@ class IFCACAM(Algorithm):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._samples = 0.0
+        self._samples = torch.zeros(1, dtype=torch.float64, device=models.device)
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
-        super().receive(client, task, result, num_samples)
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        super().fold(client, task, result)
         if task.model == self.num_models:
             self._samples += task.weight  # n: every sampled client once
+
+    def contributions(self) -> list[torch.Tensor]:
+        return [*super().contributions(), self._samples]
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)  # the global row: FedAvg (η_g applies)
         if self.warming_up:
             return new
-        g, n = self.num_models, self._samples
+        g, n = self.num_models, float(self._samples)
         share = self._totals[:g] / n  # Σ_{i∈C_k} n_i / n
         cluster = (1 - share)[:, None] * models[:g].double() + self._sums[:g] / n
         new[:g] = cluster.to(models.dtype)
@@ -112,12 +122,22 @@ class IFCACAM(Algorithm):
 
 
 class FeSEMCAM(IFCACAM):
-    name = "fesem-cam"
-    summed = ()  # K-means needs every client's cluster-side model
+    """Memory: K-means needs every sampled client's cluster-side model at once; they wait in
+    a `RowStore` on disk (one row per client), and Lloyd's iterations scan it in blocks."""
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
-        self._trained: dict[int, tuple[float, torch.Tensor]] = {}
+    name = "fesem-cam"
+
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
+        self._trained: RowStore | None = None
+        self._weight: torch.Tensor | None = None  # (clients,): n_i of the cluster-side model
 
     def choose(self, client: int, losses: torch.Tensor) -> int:
         """Keep the server's K-means assignment; a client seen for the first time: lowest loss."""
@@ -131,31 +151,54 @@ class FeSEMCAM(IFCACAM):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._trained = {}
+        self._trained = RowStore(models.shape[1])
+        self._weight = torch.zeros(self.num_clients, dtype=torch.float64, device=models.device)
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         if task.model < self.num_models:
-            self._trained[client] = (task.weight, result.params)
+            self._trained.add(client, result.params)
+            self._weight[client] = task.weight
         else:
-            super().receive(client, task, result, num_samples)
+            super().fold(client, task, result)
+
+    def contributions(self) -> list[torch.Tensor]:
+        return [*super().contributions(), self._weight]
+
+    def shared_rows(self) -> RowStore:
+        return self._trained
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)
-        if self.warming_up or not self._trained:
+        clients = self._trained.stored_keys()
+        if self.warming_up or not clients:
+            self._trained.close()
             return new
-        clients = list(self._trained)
-        weights = torch.tensor([self._trained[i][0] for i in clients], dtype=torch.float64)
-        points = torch.stack([self._trained[i][1].double() for i in clients])
-        centres = models[: self.num_models].double().to(points.device)
+        weights = self._weight[clients].cpu()
+        centres = models[: self.num_models].double().cpu()
         for _ in range(LLOYD_ITERATIONS):
-            labels = torch.cdist(points, centres).argmin(1)
-            for k in range(self.num_models):
-                member = labels == k
-                if member.any():  # an empty cluster stays frozen
-                    w = weights.to(points.device)[member]
-                    centres[k] = (w[:, None] * points[member]).sum(0) / w.sum()
+            labels = self.nearest(clients, centres)
+            sums = torch.zeros_like(centres)
+            mass = torch.zeros(self.num_models, dtype=torch.float64)
+            done = 0
+            for keys, rows in self._trained.blocks(clients):
+                at = slice(done, done + len(keys))
+                done += len(keys)
+                mine, w = labels[at], weights[at]
+                sums.index_add_(0, mine, w[:, None] * rows.double())
+                mass.index_add_(0, mine, w)
+            filled = mass > 0  # an empty cluster stays frozen
+            centres[filled] = sums[filled] / mass[filled, None]
         for i, k in zip(clients, labels.tolist()):
             self.cluster[i] = k
             self.omega[i] = one_hot(k, self.num_models)
-        new[: self.num_models] = centres.to(models.dtype)
+        self._trained.close()
+        new[: self.num_models] = centres.to(models)
         return new
+
+    def nearest(self, clients: list[int], centres: torch.Tensor) -> torch.Tensor:
+        """Each stored model's nearest centre (Euclidean), block by block."""
+        parts = [
+            torch.cdist(rows.double(), centres).argmin(1)
+            for _, rows in self._trained.blocks(clients)
+        ]
+        return torch.cat(parts)

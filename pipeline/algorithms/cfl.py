@@ -23,30 +23,64 @@ from scipy.spatial.distance import squareform
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.config import TrainConfig
+from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
 
-def bipartition(updates: torch.Tensor) -> np.ndarray:
-    """Complete-linkage split of the rows of `updates` by cosine similarity → labels 0/1."""
-    unit = torch.nn.functional.normalize(updates.double(), dim=1)
-    distance = (1.0 - unit @ unit.T).clamp(min=0).numpy()
+def bipartition(gram: torch.Tensor) -> np.ndarray:
+    """Complete-linkage split by cosine similarity, from the Gram matrix of the updates
+    (G_ij = Δ_i·Δ_j, float64) → labels 0/1."""
+    norms = gram.diagonal().sqrt().clamp(min=1e-12)
+    distance = (1.0 - gram / norms[:, None] / norms[None, :]).clamp(min=0).numpy()
     np.fill_diagonal(distance, 0.0)
     tree = linkage(squareform(distance, checks=False), method="complete")
     return fcluster(tree, 2, criterion="maxclust") - 1
 
 
+def gram_matrix(store: RowStore, keys: list[int]) -> torch.Tensor:
+    """Δ_i·Δ_j (float64) of the stored rows `keys`, two blocks in memory at a time."""
+    gram = torch.zeros(len(keys), len(keys), dtype=torch.float64)
+    blocks = list(range(0, len(keys), BLOCK))
+    for a in blocks:
+        ((_, left),) = store.blocks(keys[a : a + BLOCK])
+        left = left.double()
+        for b in blocks:
+            if b < a:
+                continue
+            ((_, right),) = store.blocks(keys[b : b + BLOCK])
+            product = left @ right.double().T
+            gram[a : a + len(left), b : b + len(right)] = product
+            gram[b : b + len(right), a : a + len(left)] = product.T
+    return gram
+
+
 class CFL(HardClustering):
+    """Memory: the round's sums (K × model) and, while a split is still possible (fewer than
+    `max_clusters` clusters), every sampled client's update Δ_i in a `RowStore` on disk: the
+    split needs all pairwise cosines of a cluster's updates and the mean update of each half.
+    Once the cap is reached nothing per client is kept beyond its norm."""
+
     name = "cfl"
     paper = "Sattler et al., IEEE TNNLS 2021"
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
         self.cluster = torch.zeros(num_clients, dtype=torch.long)
         self.clusters = 1
         self.pending: dict[int, list[int]] = {}  # client → the two halves it may join
         self.omega = torch.stack([one_hot(0, num_models)] * num_clients)
-        self._updates: dict[int, tuple[int, float, torch.Tensor]] = {}
         self._start: torch.Tensor | None = None
+        self._member: torch.Tensor | None = None  # (clients,): 1 + the cluster it trained
+        self._weight: torch.Tensor | None = None  # (clients,): N_i
+        self._norm: torch.Tensor | None = None  # (clients,): ‖Δ_i‖
+        self._updates: RowStore | None = None
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if client in self.pending:
@@ -60,51 +94,76 @@ class CFL(HardClustering):
         k = int(losses[:, : self.clusters].mean(0).argmin())
         self.omega[client] = one_hot(k, self.num_models)
 
+    @property
+    def can_split(self) -> bool:
+        return self.clusters < self.num_models
+
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
         self._start = models
-        self._updates = {}
+        per_client = dict(dtype=torch.float64, device=models.device)
+        self._member = torch.zeros(self.num_clients, **per_client)
+        self._weight = torch.zeros(self.num_clients, **per_client)
+        self._norm = torch.zeros(self.num_clients, **per_client)
+        self._updates = RowStore(models.shape[1]) if self.can_split else None
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
-        update = (result.params - self._start[task.model]).cpu()
-        self._updates[client] = (task.model, task.weight, update)
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        update = result.params - self._start[task.model]
+        self._sums[task.model] += task.weight * update
+        self._totals[task.model] += task.weight
+        self._member[client] = task.model + 1
+        self._weight[client] = task.weight
+        self._norm[client] = float(update.norm())
+        if self._updates is not None:
+            self._updates.add(client, update)
+
+    def contributions(self) -> list[torch.Tensor]:
+        return [*super().contributions(), self._member, self._weight, self._norm]
+
+    def shared_rows(self) -> RowStore | None:
+        return self._updates
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = models.clone()
         for c in range(self.clusters):
-            members = [i for i, (k, _, _) in self._updates.items() if k == c]
+            members = (self._member == c + 1).nonzero().flatten().tolist()
             if not members:
                 continue  # no sampled member: the cluster keeps its model
-            groups = [members]
-            if len(members) > 2 and self.clusters < self.num_models and self.should_split(members):
-                halves = bipartition(torch.stack([self._updates[i][2] for i in members]))
-                groups = [[m for m, h in zip(members, halves) if h == side] for side in (0, 1)]
-                self.split(c, groups[1])
-            for group in groups:
-                k = int(self.cluster[group[0]])
-                new[k] = models[c] + self.config.server_lr * self.mean_update(group).to(models)
+            mean = (self._sums[c] / self._totals[c]).cpu()
+            if len(members) > 2 and self.can_split and self.should_split(mean, members):
+                halves = bipartition(gram_matrix(self._updates, members))
+                moving = [m for m, h in zip(members, halves) if h == 1]
+                staying = [m for m, h in zip(members, halves) if h == 0]
+                child = self.split(c, moving, set(self._member.nonzero().flatten().tolist()))
+                new[child] = models[c] + self.config.server_lr * self.mean_update(moving).to(models)
+                mean = self.mean_update(staying)
+            new[c] = models[c] + self.config.server_lr * mean.to(models)
+        if self._updates is not None:
+            self._updates.close()
         return new
 
     def mean_update(self, members: list[int]) -> torch.Tensor:
-        weights = torch.tensor([self._updates[i][1] for i in members], dtype=torch.float64)
-        stacked = torch.stack([self._updates[i][2].double() for i in members])
-        return (weights / weights.sum()) @ stacked
+        """Σ_i N_i Δ_i / Σ_i N_i over `members`, from the stored updates."""
+        total = torch.zeros(self._updates.width, dtype=torch.float64)
+        for keys, rows in self._updates.blocks(members):
+            weights = self._weight[keys].cpu()
+            total += weights @ rows.double()
+        return total / float(self._weight[members].sum())
 
-    def should_split(self, members: list[int]) -> bool:
-        mean_norm = float(self.mean_update(members).norm())
-        max_norm = max(float(self._updates[i][2].norm()) for i in members)
-        return mean_norm < self.config.cfl_eps1 and max_norm > self.config.cfl_eps2
+    def should_split(self, mean: torch.Tensor, members: list[int]) -> bool:
+        max_norm = float(self._norm[members].max())
+        return float(mean.norm()) < self.config.cfl_eps1 and max_norm > self.config.cfl_eps2
 
-    def split(self, parent: int, moving: list[int]) -> None:
+    def split(self, parent: int, moving: list[int], sampled: set[int]) -> int:
         child = self.clusters
         self.clusters += 1
         for i in moving:
             self.cluster[i] = child
             self.omega[i] = one_hot(child, self.num_models)
-        sampled = set(self._updates)
         for i in (self.cluster == parent).nonzero().flatten().tolist():
             if i not in sampled:
                 self.pending[i] = [parent, child]
+        return child
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": self.clusters}

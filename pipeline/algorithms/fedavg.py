@@ -12,7 +12,6 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     paper = "McMahan et al., AISTATS 2017"
-    summed = ("_sums", "_totals")  # the base class's weighted sum
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(losses)

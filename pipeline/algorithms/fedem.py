@@ -16,7 +16,6 @@ from pipeline.algorithms.base import Algorithm
 class FedEM(Algorithm):
     name = "fedem"
     paper = "Marfoq et al., NeurIPS 2021"
-    summed = ("_sums", "_totals")  # the base class's weighted sum (FedRC too)
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         """Extra log-likelihood per (sample, model); FedEM has none. FedRC: −log C_{y,k}."""

@@ -40,8 +40,15 @@ class FedRC(FedEM):
     name = "fedrc"
     paper = "Guo et al., ICML 2024"
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
         self.tables = torch.zeros(num_clients, num_models, num_classes, dtype=torch.float64)
         self.prior = torch.full((num_models, num_classes), 1.0 / num_classes, dtype=torch.float64)
         self.active = torch.ones(num_models, dtype=torch.bool)
@@ -50,8 +57,6 @@ class FedRC(FedEM):
         self.rounds_done = 0
         self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
         self.noise = torch.Generator().manual_seed(config.seed)
-        if config.shared_body:  # distributed runs also sum the bodies' γ-weighted terms
-            self.summed = (*self.summed, "_body_sum", "_body_mass")
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         if held_out and not self.config.heldout_label_prior:
@@ -111,20 +116,25 @@ class FedRC(FedEM):
         super().begin_round(models)
         if self.config.shared_body:
             self._body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
-            self._body_mass = 0.0
+            self._body_mass = torch.zeros(1, dtype=torch.float64, device=models.device)
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
-        super().receive(client, task, result, num_samples)
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        super().fold(client, task, result)
         if self.config.shared_body:
             mass = float(task.weights.sum())
             self._body_sum += mass * result.params
             self._body_mass += mass
 
+    def contributions(self) -> list[torch.Tensor]:
+        """FedEM's sums, plus the bodies' γ-mass-weighted sum with a shared body."""
+        extra = [self._body_sum, self._body_mass] if self.config.shared_body else []
+        return [*super().contributions(), *extra]
+
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)
-        if self.config.shared_body and self._body_mass > 0:
+        if self.config.shared_body and float(self._body_mass) > 0:
             start, stop = self.head
-            body = (self._body_sum / self._body_mass).to(models.dtype)
+            body = (self._body_sum / float(self._body_mass)).to(models.dtype)
             head = new[:, start:stop].clone()
             new[:] = body
             new[:, start:stop] = head

@@ -6,6 +6,10 @@ f_i(w) + (λ/2) Σ_k u_ik ‖w − θ_k‖² = f_i(w) + (λ/2)‖w − Σ_k u_ik
 λ = `mu`. The server sets θ_k ← Σ_i u_ik w_i / Σ_i u_ik over the sampled clients.
 Local accuracy uses the personal models; a held-out client takes the cluster with the lowest
 loss (the FedRC port picks the largest loss and scores held-out clients with cluster 0: bugs).
+
+Memory: the personal models are state, one model per client that has trained (clients × model,
+in memory on every place); a round's new personal models pass through a `RowStore` on disk, so
+the round itself adds only K × model.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.config import TrainConfig
+from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
 FLOOR = 1e-4
@@ -25,9 +30,17 @@ class FedSoft(Algorithm):
     name = "fedsoft"
     paper = "Ruan & Joe-Wong, AAAI 2022"
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
         self.personal: dict[int, torch.Tensor] = {}
+        self._trained: RowStore | None = None
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         best = torch.bincount(losses.argmin(1), minlength=self.num_models).double()
@@ -45,11 +58,24 @@ class FedSoft(Algorithm):
         ones = torch.ones(gamma.shape[0], dtype=gamma.dtype, device=gamma.device)
         return [LocalTask(-1, start, ones, anchor=centre, mu=self.config.mu)]
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+    def begin_round(self, models: torch.Tensor) -> None:
+        super().begin_round(models)
+        self._trained = RowStore(models.shape[1])
+
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         u = self.omega[client].to(self._sums)
-        self.personal[client] = result.params.cpu()
+        self._trained.add(client, result.params)
         self._sums += u[:, None] * result.params.double()[None]
         self._totals += u
+
+    def shared_rows(self) -> RowStore:
+        return self._trained
+
+    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
+        for clients, rows in self._trained.blocks():
+            self.personal.update({c: row.clone() for c, row in zip(clients, rows)})
+        self._trained.close()
+        return super().aggregate(models)
 
     def personal_model(self, client: int) -> torch.Tensor | None:
         return self.personal.get(client)

@@ -22,10 +22,18 @@ class FeSEM(HardClustering):
     name = "fesem"
     paper = "Long et al., World Wide Web 2023"
 
-    def __init__(self, num_models: int, num_clients: int, num_classes: int, config: TrainConfig):
-        super().__init__(num_models, num_clients, num_classes, config)
+    def __init__(
+        self,
+        num_models: int,
+        num_clients: int,
+        num_classes: int,
+        config: TrainConfig,
+        head: tuple[int, int] | None = None,
+    ):
+        super().__init__(num_models, num_clients, num_classes, config, head)
         self.cluster = torch.full((num_clients,), -1, dtype=torch.long)
         self._centres: torch.Tensor | None = None
+        self._moved: torch.Tensor | None = None  # (clients,): 1 + the new cluster, 0: not moved
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.cluster[client] < 0:
@@ -37,14 +45,24 @@ class FeSEM(HardClustering):
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
         self._centres = models
+        self._moved = torch.zeros(self.num_clients, dtype=torch.float64, device=models.device)
 
-    def receive(self, client: int, task: LocalTask, result: LocalResult, num_samples: int) -> None:
+    def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         distances = torch.cdist(result.params[None].double(), self._centres.double())[0]
         k = int(distances.argmin())
-        self.cluster[client] = k
-        self.omega[client] = one_hot(k, self.num_models)
+        self._moved[client] = k + 1
         self._sums[k] += task.weight * result.params
         self._totals[k] += task.weight
+
+    def contributions(self) -> list[torch.Tensor]:
+        return [*super().contributions(), self._moved]
+
+    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
+        for client in self._moved.nonzero().flatten().tolist():
+            k = int(self._moved[client]) - 1
+            self.cluster[client] = k
+            self.omega[client] = one_hot(k, self.num_models)
+        return super().aggregate(models)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "cluster": self.cluster}

@@ -15,7 +15,6 @@ from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 class IFCA(HardClustering):
     name = "ifca"
     paper = "Ghosh et al., NeurIPS 2020"
-    summed = ("_sums", "_totals")  # the base class's weighted sum
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         k = int(losses.mean(0).argmin())

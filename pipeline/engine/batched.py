@@ -36,19 +36,20 @@ CUDA. On a CPU shared by several runs, give each process one thread (`OMP_NUM_TH
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
 from pipeline.engine.sequential import NonFiniteLoss, SequentialExecutor, as_input
-from pipeline.engine.task import LocalResult, LocalTask
+from pipeline.engine.task import Job, LocalResult, LocalTask
 
 CPU_CHUNK = 32  # tasks per chunk on the CPU, where batching is only for tests and comparisons
 GPU_INFERENCE_CHUNK = 2048  # images per vmapped inference pass on a GPU
 MEMORY_SHARE = 0.5  # of the free GPU memory that the automatic chunk size plans to use
-
-Job = tuple[LocalTask, torch.Tensor, torch.Tensor, int]  # (task, images, labels, seed)
 
 
 class BatchedExecutor(SequentialExecutor):
@@ -120,14 +121,16 @@ class BatchedExecutor(SequentialExecutor):
 
         batched = vmap(one, in_dims=(0, 0, None))
         step = GPU_INFERENCE_CHUNK if self.device.type == "cuda" else 256
+        out = None
         with torch.no_grad(), self._autocast():
-            out = [
-                batched(params, buffers, as_input(images[s : s + step])).float()
-                for s in range(0, images.shape[0], step)
-            ]
-        if not out:
+            for s in range(0, images.shape[0], step):  # into one tensor (see the sequential's)
+                chunk = batched(params, buffers, as_input(images[s : s + step])).float()
+                if out is None:
+                    out = chunk.new_empty((models.shape[0], images.shape[0], chunk.shape[2]))
+                out[:, s : s + chunk.shape[1]] = chunk
+        if out is None:
             return torch.zeros(models.shape[0], 0, 0, device=self.device)
-        return torch.cat(out, dim=1)
+        return out
 
     # --- training -------------------------------------------------------------------------
     def train(
@@ -135,19 +138,25 @@ class BatchedExecutor(SequentialExecutor):
     ) -> LocalResult:
         return self.train_many([(task, images, labels, seed)])[0]
 
-    def train_many(self, jobs: list[Job]) -> list[LocalResult]:
-        """Every job's local SGD, in chunks of tasks; results in the order of `jobs`.
+    def stream(self, jobs: Iterable[Job]) -> Iterator[tuple[Job, LocalResult]]:
+        """Every job's local SGD, a chunk of tasks at a time; results in the order of `jobs`.
+        Only one chunk's jobs and results are alive at once.
 
-        Raises `NonFiniteLoss` (with `.index`, the first bad job) after a chunk in which some
-        task's loss was not finite.
+        Raises `NonFiniteLoss` (with `.index` and `.job`, the first bad job) after a chunk in
+        which some task's loss was not finite.
         """
-        if not jobs:
-            return []
-        size = self.chunk_tasks or self.auto_chunk(jobs[0][1])
-        results: list[LocalResult] = []
-        for first in range(0, len(jobs), size):
-            results += self._train_chunk(jobs[first : first + size], first)
-        return results
+        jobs = iter(jobs)
+        first = next(jobs, None)
+        if first is None:
+            return
+        size = self.chunk_tasks or self.auto_chunk(first[1])
+        jobs, done = itertools.chain([first], jobs), 0
+        while chunk := list(itertools.islice(jobs, size)):
+            try:
+                yield from zip(chunk, self._train_chunk(chunk))
+            except NonFiniteLoss as e:
+                raise NonFiniteLoss(str(e), done + e.index, chunk[e.index]) from None
+            done += len(chunk)
 
     def _schedule(self, jobs: list[Job]):
         """The batches of every task, grouped per global step, built on the host.
@@ -223,7 +232,7 @@ class BatchedExecutor(SequentialExecutor):
             v.reshape(len(rows), *s).contiguous() for v, s in zip(self._split(flat), self.shapes)
         ]
 
-    def _train_chunk(self, jobs: list[Job], first: int) -> list[LocalResult]:
+    def _train_chunk(self, jobs: list[Job]) -> list[LocalResult]:
         tasks = [job[0] for job in jobs]
         count, dev = len(jobs), self.device
         x_pool, y_pool, w_pool, o_pool, bases = self._pool(jobs)
@@ -291,7 +300,7 @@ class BatchedExecutor(SequentialExecutor):
         bad = ~torch.isfinite(total)  # one check per chunk, not per step
         if bool(bad.any()):
             index = int(bad.nonzero()[0])
-            raise NonFiniteLoss(f"local loss {float(total[index])}", index=first + index)
+            raise NonFiniteLoss(f"local loss {float(total[index])}", index=index)
         trained = self._flatten([p.detach() for p in params] + buffers)
         sums = total.tolist()
         momentum = self._flatten(bufs) if bufs is not None else None

@@ -6,11 +6,13 @@ it (DESIGN.md principle 3). It is also the reference that faster executors are c
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.engine.task import LocalResult, LocalTask
+from pipeline.engine.task import Job, LocalResult, LocalTask
 
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
 
@@ -23,12 +25,12 @@ def as_input(images: torch.Tensor) -> torch.Tensor:
 class NonFiniteLoss(ArithmeticError):
     """A local training produced a NaN or infinite loss (usually: learning rate too large).
 
-    `index`: the position of the failing job in a `train_many` call.
+    `index`: the position of the failing job in the jobs a `stream` was given; `job`: that job.
     """
 
-    def __init__(self, message: str, index: int | None = None) -> None:
+    def __init__(self, message: str, index: int | None = None, job: Job | None = None) -> None:
         super().__init__(message)
-        self.index = index
+        self.index, self.job = index, job
 
 
 class SequentialExecutor:
@@ -83,35 +85,44 @@ class SequentialExecutor:
         return [v.view_as(p) for v, p in zip(flat[: sum(sizes)].split(sizes), self.params)]
 
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        """Logits of every model on every image: (K, N, classes), no gradients, eval mode."""
+        """Logits of every model on every image: (K, N, classes), no gradients, eval mode.
+
+        Each chunk's output is copied into one preallocated tensor and freed at once: a list
+        of small chunk outputs, each allocated between large activations, keeps the allocator
+        from reusing their memory (measured: +380 MiB for 54,000 images per model)."""
         self.model.eval()
-        out = []
+        out = None
         with torch.no_grad():
-            for flat in models:
+            for k, flat in enumerate(models):
                 self.load(flat)
-                chunks = [
-                    self.model(as_input(images[s : s + INFERENCE_CHUNK]))
-                    for s in range(0, images.shape[0], INFERENCE_CHUNK)
-                ]
-                out.append(torch.cat(chunks))
-        return torch.stack(out)
+                for s in range(0, images.shape[0], INFERENCE_CHUNK):
+                    chunk = self.model(as_input(images[s : s + INFERENCE_CHUNK]))
+                    if out is None:
+                        shape = (models.shape[0], images.shape[0], chunk.shape[1])
+                        out = chunk.new_empty(shape)
+                    out[k, s : s + chunk.shape[0]] = chunk
+        if out is None:  # no images
+            return torch.zeros(models.shape[0], 0, 0, device=self.device)
+        return out
 
     def losses(self, models: torch.Tensor, images: torch.Tensor, labels: torch.Tensor):
         """Per-sample cross-entropy of every model: (N, K)."""
         logits = self.logits(models, images)
         return torch.stack([F.cross_entropy(z, labels, reduction="none") for z in logits], 1)
 
-    def train_many(
-        self, jobs: list[tuple[LocalTask, torch.Tensor, torch.Tensor, int]]
-    ) -> list[LocalResult]:
-        """`train` for every (task, images, labels, seed) job, in order."""
-        results = []
-        for index, (task, images, labels, seed) in enumerate(jobs):
+    def stream(self, jobs: Iterable[Job]) -> Iterator[tuple[Job, LocalResult]]:
+        """Each (task, images, labels, seed) job with its result, one at a time and in order:
+        the caller folds a result into its aggregate before the next job is even built, so
+        memory holds one trained model whatever the number of jobs."""
+        for index, job in enumerate(jobs):
             try:
-                results.append(self.train(task, images, labels, seed))
+                yield job, self.train(*job)
             except NonFiniteLoss as e:
-                raise NonFiniteLoss(str(e), index=index) from None
-        return results
+                raise NonFiniteLoss(str(e), index=index, job=job) from None
+
+    def train_many(self, jobs: list[Job]) -> list[LocalResult]:
+        """Every job's result, in order (for tests and small batches of work)."""
+        return [result for _, result in self.stream(jobs)]
 
     def train(
         self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int

@@ -27,6 +27,10 @@ class LocalTask:
     mu: float = 0.0
     offset: torch.Tensor | None = None  # (N_i, classes) logits added to the model's output
     momentum: torch.Tensor | None = None  # SGD momentum to start from (persistent-momentum mode)
+    client: int = -1  # whose data it trains on (set by the round loop, for errors and momentum)
+
+
+Job = tuple[LocalTask, torch.Tensor, torch.Tensor, int]  # (task, images, labels, seed)
 
 
 @dataclass
