@@ -128,75 +128,88 @@ def build_run(
 def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> dict[str, Any]:
     """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
     config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
-    executor, models = run.executor, run.models
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
     sizes = {c: int(data.clients[c]["train_size"]) for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
-    algorithm.begin_round(models)
-    # The E-step inputs of this place's clients (Alg. 1 line 5), in one pass over their rows:
-    # one (R, n, classes) block of logits rather than a small tensor per client.
-    spans = [data.train_slices[c] for c in mine]
-    index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
-    index = index.to(data.labels.device)
-    # After an evaluation round the logits of these models on these samples are known.
-    block = (
-        executor.logits(models, data.images[index])
-        if cached_logits is None
-        else (cached_logits[:, index])
-    )
-    block_losses = per_sample_losses(algorithm.combine_logits(block), data.labels[index])
-    raw, losses, labels, at = {}, {}, {}, 0
-    for client, span in zip(mine, spans):
-        part = slice(at, at + span.stop - span.start)
-        raw[client], losses[client], labels[client] = (
-            block[:, part],
-            block_losses[part],
-            (data.labels[span]),
-        )
-        at = part.stop
+    algorithm.begin_round(run.models)
+    raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
     losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
+    labels = {c: data.labels[data.train_slices[c]] for c in mine}
     labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
     # Every place assigns every sampled client, in client order: the state stays identical.
     gammas = {c: algorithm.assign(c, losses[c], labels[c]).detach() for c in sampled}
+    loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
+    comm.sum([*algorithm.contributions(), loss_sum])
+    shared = algorithm.shared_rows()
+    if shared is not None:
+        comm.share(shared)
+    run.models = algorithm.aggregate(run.models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
+    algorithm.end_round()
+    seen = sum(sizes.values()) * config.local_epochs
+    row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
+    return {**row, **algorithm.round_info()}
 
-    def jobs() -> Iterator[Job]:  # built one client at a time, as the executor asks
-        for client in mine:
-            rows = data.train_slices[client]
-            tasks = algorithm.local_tasks(client, gammas.pop(client), models, raw.pop(client))
-            for task in tasks:
-                task.client = client
-                run.momentum.attach(task, models.device)
-                yield (
-                    task,
-                    data.images[rows],
-                    data.labels[rows],
-                    local_seed(config.seed, round_, client),
-                )
 
-    loss_sum, error = torch.zeros(1, dtype=torch.float64, device=comm.device), None
-    try:  # local training (Alg. 1 lines 6-7); each result is folded in, then dropped
-        for (task, *_), result in executor.stream(jobs()):
+def estep_inputs(
+    run: Run, clients: list[int], cached: torch.Tensor | None
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Each client's raw logits (R, N_i, classes) under the received models and its E-step
+    losses (N_i, K), from one pass over all the clients' rows: one block, not a tensor per
+    client allocated between large activations (which fragments the heap)."""
+    data = run.data
+    spans = [data.train_slices[c] for c in clients]
+    index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
+    index = index.to(data.labels.device)
+    # After an evaluation round the logits of these models on these samples are known.
+    fresh = cached is None
+    block = run.executor.logits(run.models, data.images[index]) if fresh else cached[:, index]
+    losses = per_sample_losses(run.algorithm.combine_logits(block), data.labels[index])
+    ends = np.cumsum([s.stop - s.start for s in spans]).tolist()
+    parts = [slice(end - (s.stop - s.start), end) for s, end in zip(spans, ends)]
+    return (
+        {c: block[:, part] for c, part in zip(clients, parts)},
+        {c: losses[part] for c, part in zip(clients, parts)},
+    )
+
+
+def local_jobs(
+    run: Run,
+    round_: int,
+    clients: list[int],
+    gammas: dict[int, torch.Tensor],
+    raw: dict[int, torch.Tensor],
+) -> Iterator[Job]:
+    """The clients' local trainings, each built only when the executor asks for it."""
+    data, algorithm, device = run.data, run.algorithm, run.models.device
+    for client in clients:
+        rows = data.train_slices[client]
+        seed = local_seed(run.config.seed, round_, client)
+        for task in algorithm.local_tasks(client, gammas.pop(client), run.models, raw.pop(client)):
+            task.client = client
+            run.momentum.attach(task, device)
+            yield task, data.images[rows], data.labels[rows], seed
+
+
+def train_and_fold(run: Run, round_: int, jobs: Iterator[Job]) -> torch.Tensor:
+    """Local training (Alg. 1 lines 6–7): each result is folded into the algorithm's sums and
+    dropped. Returns this place's Σ loss; every place stops if one diverged."""
+    loss_sum = torch.zeros(1, dtype=torch.float64, device=run.comm.device)
+    error = None
+    try:
+        for (task, *_), result in run.executor.stream(jobs):
             run.momentum.keep(task, result)
-            algorithm.fold(task.client, task, result)
+            run.algorithm.fold(task.client, task, result)
             loss_sum += result.loss_sum
     except NonFiniteLoss as e:
         task = e.job[0]
         error = (
             f"round {round_}, client {task.client}, model {task.model}: {e} — training "
-            f"diverged; lower --lr (now {config.lr})"
+            f"diverged; lower --lr (now {run.config.lr})"
         )
-    failed = next((e for e in comm.all_gather_object(error) if e is not None), None)
-    if failed is not None:  # every place stops when one failed
+    failed = next((e for e in run.comm.all_gather_object(error) if e is not None), None)
+    if failed is not None:
         raise FedrcError(failed)
-    comm.sum([*algorithm.contributions(), loss_sum])
-    shared = algorithm.shared_rows()
-    if shared is not None:
-        comm.share(shared)
-    run.models = algorithm.aggregate(models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
-    algorithm.end_round()
-    seen = sum(sizes.values()) * config.local_epochs
-    row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
-    return {**row, **algorithm.round_info()}
+    return loss_sum
 
 
 def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:

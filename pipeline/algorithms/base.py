@@ -1,5 +1,6 @@
 """The contract every algorithm fulfils; the round loop in `pipeline.training` calls these verbs.
 
+Once: `init_state()`                the state before round 1 (ω uniform; clusters, tables …)
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
@@ -60,9 +61,15 @@ class Algorithm:
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
-        self.omega = torch.full((num_clients, num_models), 1.0 / num_models, dtype=torch.float64)
         self._sums: torch.Tensor | None = None
         self._totals: torch.Tensor | None = None
+        self.init_state()
+
+    def init_state(self) -> None:
+        """The state before round 1 (a subclass adds its own after calling this)."""
+        self.omega = torch.full(
+            (self.num_clients, self.num_models), 1.0 / self.num_models, dtype=torch.float64
+        )
 
     @property
     def num_rows(self) -> int:

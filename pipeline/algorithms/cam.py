@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
-from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -35,17 +34,10 @@ class IFCACAM(Algorithm):
     name = "ifca-cam"
     paper = "Ma et al., NeurIPS 2023"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
+    def init_state(self) -> None:
+        super().init_state()
         self.round = 0
-        self.cluster = torch.full((num_clients,), -1, dtype=torch.long)
+        self.cluster = torch.full((self.num_clients,), -1, dtype=torch.long)
         self._samples: torch.Tensor | None = None
 
     @property
@@ -127,15 +119,8 @@ class FeSEMCAM(IFCACAM):
 
     name = "fesem-cam"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
+    def init_state(self) -> None:
+        super().init_state()
         self._trained: RowStore | None = None
         self._weight: torch.Tensor | None = None  # (clients,): n_i of the cluster-side model
 

@@ -22,7 +22,6 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
-from pipeline.config import TrainConfig
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -63,19 +62,12 @@ class CFL(HardClustering):
     name = "cfl"
     paper = "Sattler et al., IEEE TNNLS 2021"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
-        self.cluster = torch.zeros(num_clients, dtype=torch.long)
+    def init_state(self) -> None:
+        super().init_state()
+        self.cluster = torch.zeros(self.num_clients, dtype=torch.long)
         self.clusters = 1
         self.pending: dict[int, list[int]] = {}  # client → the two halves it may join
-        self.omega = torch.stack([one_hot(0, num_models)] * num_clients)
+        self.omega = torch.stack([one_hot(0, self.num_models)] * self.num_clients)
         self._start: torch.Tensor | None = None
         self._member: torch.Tensor | None = None  # (clients,): 1 + the cluster it trained
         self._weight: torch.Tensor | None = None  # (clients,): N_i

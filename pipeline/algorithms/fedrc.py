@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.fedem import FedEM
-from pipeline.config import TrainConfig
 from pipeline.engine.task import LocalResult, LocalTask
 
 
@@ -40,23 +39,22 @@ class FedRC(FedEM):
     name = "fedrc"
     paper = "Guo et al., ICML 2024"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
-        self.tables = torch.zeros(num_clients, num_models, num_classes, dtype=torch.float64)
-        self.prior = torch.full((num_models, num_classes), 1.0 / num_classes, dtype=torch.float64)
-        self.active = torch.ones(num_models, dtype=torch.bool)
-        self.sizes = torch.zeros(num_clients, dtype=torch.float64)
-        self.cross = torch.zeros(num_clients, num_models, num_models, dtype=torch.float64)
+    def init_state(self) -> None:
+        super().init_state()
+        self.tables = torch.zeros(
+            self.num_clients, self.num_models, self.num_classes, dtype=torch.float64
+        )
+        self.prior = torch.full(
+            (self.num_models, self.num_classes), 1.0 / self.num_classes, dtype=torch.float64
+        )
+        self.active = torch.ones(self.num_models, dtype=torch.bool)
+        self.sizes = torch.zeros(self.num_clients, dtype=torch.float64)
+        self.cross = torch.zeros(
+            self.num_clients, self.num_models, self.num_models, dtype=torch.float64
+        )
         self.rounds_done = 0
         self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
-        self.noise = torch.Generator().manual_seed(config.seed)
+        self.noise = torch.Generator().manual_seed(self.config.seed)
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         if held_out and not self.config.heldout_label_prior:

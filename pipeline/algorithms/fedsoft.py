@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.base import Algorithm
-from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -30,15 +29,8 @@ class FedSoft(Algorithm):
     name = "fedsoft"
     paper = "Ruan & Joe-Wong, AAAI 2022"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
+    def init_state(self) -> None:
+        super().init_state()
         self.personal: dict[int, torch.Tensor] = {}
         self._trained: RowStore | None = None
 

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
-from pipeline.config import TrainConfig
 from pipeline.engine.task import LocalResult, LocalTask
 
 
@@ -22,16 +21,9 @@ class FeSEM(HardClustering):
     name = "fesem"
     paper = "Long et al., World Wide Web 2023"
 
-    def __init__(
-        self,
-        num_models: int,
-        num_clients: int,
-        num_classes: int,
-        config: TrainConfig,
-        head: tuple[int, int] | None = None,
-    ):
-        super().__init__(num_models, num_clients, num_classes, config, head)
-        self.cluster = torch.full((num_clients,), -1, dtype=torch.long)
+    def init_state(self) -> None:
+        super().init_state()
+        self.cluster = torch.full((self.num_clients,), -1, dtype=torch.long)
         self._centres: torch.Tensor | None = None
         self._moved: torch.Tensor | None = None  # (clients,): 1 + the new cluster, 0: not moved
 

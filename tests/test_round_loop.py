@@ -1,0 +1,143 @@
+"""The streaming round loop: results folded as they come, per-client vectors on disk, the
+persistent momentum in a file, and the resumable state (`RunState`), old format included."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import momentum as momentum_module
+from pipeline import run_files as rf
+from pipeline import training
+from pipeline.algorithms import REGISTRY
+from pipeline.communicate import Communicator
+from pipeline.config import TrainConfig
+from pipeline.data.shards import load_federated
+from pipeline.engine.rows import BLOCK, RowStore
+from pipeline.errors import FedrcError
+from pipeline.stages import train_stage
+
+CPU = torch.device("cpu")
+
+
+def tiny_config(data: Path, out: Path, **extra) -> TrainConfig:
+    values = dict(rounds=3, local_epochs=1, batch_size=16, lr=0.05, clusters=2, device="cpu")
+    return TrainConfig(data=str(data), out=str(out), **{**values, **extra})
+
+
+def test_each_result_is_folded_before_the_next_client_is_built(tiny_data: Path) -> None:
+    """A round never holds more than one client's trained models (sequential executor)."""
+    config = tiny_config(tiny_data, Path("unused"), algorithm="fedem")
+    run = training.build_run(config, load_federated(tiny_data), Communicator(CPU))
+    events = []
+    tasks, fold = run.algorithm.local_tasks, run.algorithm.fold
+
+    def logged_tasks(client, *args):
+        events.append(("tasks", client))
+        return tasks(client, *args)
+
+    def logged_fold(client, task, result):
+        events.append(("fold", client))
+        fold(client, task, result)
+
+    run.algorithm.local_tasks, run.algorithm.fold = logged_tasks, logged_fold
+    training.train_round(1, run, None)
+    clients = [c for kind, c in events if kind == "tasks"]
+    assert clients == run.data.participating
+    expected = [e for c in clients for e in [("tasks", c), ("fold", c), ("fold", c)]]
+    assert events == expected  # K = 2 results of a client folded before the next one's tasks
+
+
+def test_row_store_keeps_rows_on_disk_and_returns_them_by_key() -> None:
+    store = RowStore(3)
+    rows = {key: torch.arange(3.0) + 10 * key for key in (5, 1, 7)}
+    for key, row in rows.items():
+        store.add(key, row)
+    store.add(1, torch.tensor([9.0, 9.0, 9.0]))  # replaced
+    assert len(store) == 3 and store.stored_keys() == [1, 5, 7]
+    torch.testing.assert_close(store.get(7), rows[7])
+    torch.testing.assert_close(store.get(1), torch.tensor([9.0, 9.0, 9.0]))
+    many = RowStore(2)
+    for key in range(BLOCK + 3):
+        many.add(key, torch.full((2,), float(key)))
+    blocks = list(many.blocks())
+    assert [len(keys) for keys, _ in blocks] == [BLOCK, 3]
+    assert blocks[1][1][:, 0].tolist() == [BLOCK, BLOCK + 1, BLOCK + 2]
+    with pytest.raises(ValueError, match="shape"):
+        many.add(0, torch.zeros(3))
+    many.close()
+
+
+def test_cfl_keeps_no_update_once_no_split_is_possible() -> None:
+    config = TrainConfig(algorithm="cfl", clusters=2, cfl_eps1=10.0, cfl_eps2=0.01)
+    algo = REGISTRY["cfl"](config.num_models, 4, 3, config)
+    models = torch.zeros(2, 2)
+    algo.begin_round(models)
+    assert algo.shared_rows() is not None  # one cluster of a possible two: updates kept
+    algo.clusters = 2
+    algo.begin_round(models)
+    assert algo.shared_rows() is None
+
+
+def test_persistent_momentum_that_does_not_fit_on_disk_is_refused(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = SimpleNamespace(total=1000, used=0, free=1000)
+    monkeypatch.setattr(momentum_module.shutil, "disk_usage", lambda path: small)
+    config = tiny_config(tiny_data, tmp_path / "run", persistent_momentum=True)
+    with pytest.raises(FedrcError) as info:
+        train_stage(config)
+    message = str(info.value)
+    assert "\n" not in message and "persistent_momentum" in message
+    assert "GB of momentum buffers" in message and "0.0 GB free" in message
+    assert not any((tmp_path / "run").iterdir())  # nothing written
+
+
+def test_checkpoint_interval_grows_with_the_state(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tiny_config(tiny_data, tmp_path, persistent_momentum=True)
+    run = training.build_run(config, load_federated(tiny_data), Communicator(CPU), tmp_path)
+    try:
+        assert training.checkpoint_interval(config, run) == 1  # a small state: every round
+        momentum_bytes = len(run.data.participating) * run.momentum.rows * run.momentum.size * 4
+        monkeypatch.setattr(training, "CHECKPOINT_BUDGET", momentum_bytes // 4)
+        assert training.checkpoint_interval(config, run) >= 4
+        assert training.checkpoint_interval(replace(config, checkpoint_every=2), run) == 2
+    finally:
+        run.momentum.close()
+
+
+def write_format_1(out: Path) -> None:
+    """Rewrite `out`'s checkpoint as fedrc's first format wrote it: momentum as a dict of
+    buffers inside checkpoint.pt, no RNG state, no snapshot file."""
+    state = rf.load_state(out / rf.CHECKPOINT)
+    snapshot = rf.momentum_snapshot(out, state["round"])
+    buffers = np.load(snapshot)
+    present = state.pop("momentum_present")
+    momentum: dict[int, dict[int, torch.Tensor]] = {}
+    for slot, row in present.nonzero().tolist():
+        momentum.setdefault(slot, {})[row] = torch.from_numpy(buffers[slot, row].copy())
+    state.pop("rng")
+    snapshot.unlink()
+    state.pop("format")
+    torch.save({**state, "momentum": momentum, "format": 1}, out / rf.CHECKPOINT)
+
+
+def test_a_checkpoint_of_the_first_format_still_resumes(tiny_data: Path, tmp_path: Path) -> None:
+    extra = dict(algorithm="fedrc", persistent_momentum=True, estep="adam", participation=0.5)
+    full = train_stage(tiny_config(tiny_data, tmp_path / "full", **extra))
+    half = tmp_path / "half"
+    train_stage(tiny_config(tiny_data, half, **{**extra, "rounds": 2}))
+    write_format_1(half)
+    train_stage(tiny_config(tiny_data, half, **extra), resume=True)
+    ours, theirs = rf.load_state(half / rf.MODEL), rf.load_state(full / rf.MODEL)
+    assert torch.equal(ours["models"], theirs["models"])
+    assert rf.load_state(half / rf.CHECKPOINT)["format"] == rf.CHECKPOINT_FORMAT
+    assert rf.momentum_snapshot(half, 3).is_file()
+    assert not list(half.glob(".momentum-*"))  # the live buffers are gone with the run
