@@ -15,6 +15,7 @@ from pipeline.data.records import (
     read_manifest,
     write_manifest,
 )
+from pipeline.data.shards import data_digest, load_federated
 from pipeline.errors import FedrcError
 
 # Written by fedrc before the records existed (format 2, the dict-based writer): synthetic data,
@@ -61,6 +62,14 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert Manifest.from_json(manifest.to_json(), tmp_path / MANIFEST) == manifest
     assert manifest.participating == [0] and manifest.held_out == [1]
     assert manifest.concept_name(0) == "reverse" and manifest.clients[0].size == 10
+
+
+def test_loaded_data_carries_the_records(tiny_data: Path) -> None:
+    data = load_federated(tiny_data)
+    assert data.manifest == read_manifest(tiny_data) and data.clients == data.manifest.clients
+    assert data.num_classes == data.manifest.num_classes == 10
+    assert data.participating == list(range(12)) and data.held_out == [12, 13, 14]
+    assert data_digest(data.manifest) == data.manifest.content_hash
 
 
 def _drop(key: str) -> Callable[[dict], None]:
