@@ -54,25 +54,25 @@ class _Fields:
     def __init__(self, path: Path, name: str, value: Any) -> None:
         if not isinstance(value, dict):
             raise FedrcError(f"{path}: {name}: expected an object, got {value!r}")
-        self.path, self.name, self.value = path, name, value
+        self.path, self.name, self.data = path, name, value
 
     def require(self, *keys: str) -> None:
-        missing = [k for k in keys if k not in self.value]
+        missing = [k for k in keys if k not in self.data]
         if missing:
             raise FedrcError(f"{self.path}: {self.name} lacks {', '.join(missing)}")
 
     def fail(self, key: str, expected: str) -> FedrcError:
-        value = self.value[key]
+        value = self.data[key]
         return FedrcError(f"{self.path}: {self.name}.{key}: expected {expected}, got {value!r}")
 
     def _get(self, key: str, ok: bool, expected: str) -> Any:
         if not ok:
             raise self.fail(key, expected)
-        return self.value[key]
+        return self.data[key]
 
     def _value(self, key: str) -> Any:
         self.require(key)
-        return self.value[key]
+        return self.data[key]
 
     def count(self, key: str) -> int:
         value = self._value(key)
@@ -115,9 +115,10 @@ class _Fields:
         ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
         return self._get(key, ok, "an object of strings")
 
-    def objects(self, key: str) -> list[_Fields]:
+    def items(self, key: str) -> list[tuple[str, Any]]:
+        """A list's items, each with its name for messages (`clients[3]`)."""
         value = self._get(key, isinstance(self._value(key), list), "a list")
-        return [_Fields(self.path, f"{key}[{i}]", item) for i, item in enumerate(value)]
+        return [(f"{key}[{i}]", item) for i, item in enumerate(value)]
 
 
 class _Indexable:
@@ -172,7 +173,9 @@ class ClientRecord(_Indexable):
         }
 
     @classmethod
-    def from_json(cls, fields: _Fields) -> ClientRecord:
+    def from_json(cls, data: Any, path: Path, name: str = "client") -> ClientRecord:
+        """The record in `data`, read from `path` where it is called `name` (`clients[3]`)."""
+        fields = _Fields(path, name, data)
         return cls(
             client_id=fields.count("client_id"),
             participating=fields.boolean("participating"),
@@ -199,7 +202,8 @@ class MixGroup:
         return {"concept": self.concept, "corrupted": self.corrupted, "share": self.share}
 
     @classmethod
-    def from_json(cls, fields: _Fields) -> MixGroup:
+    def from_json(cls, data: Any, path: Path, name: str = "client_mix group") -> MixGroup:
+        fields = _Fields(path, name, data)
         return cls(
             concept=fields.string("concept"),
             corrupted=fields.boolean("corrupted"),
@@ -286,12 +290,17 @@ class Manifest(_Indexable):
             image_shape=(shape[0], shape[1], shape[2]),
             num_classes=fields.count("num_classes"),
             concepts=fields.strings("concepts"),
-            client_mix=tuple(MixGroup.from_json(g) for g in fields.objects("client_mix")),
+            client_mix=tuple(
+                MixGroup.from_json(group, path, name) for name, group in fields.items("client_mix")
+            ),
             config=fields.mapping("config"),
             seed=fields.integer("seed"),
             versions=fields.string_map("versions"),
             num_participating=fields.count("num_participating"),
-            clients=tuple(ClientRecord.from_json(c) for c in fields.objects("clients")),
+            clients=tuple(
+                ClientRecord.from_json(client, path, name)
+                for name, client in fields.items("clients")
+            ),
             files=fields.string_map("files"),
             content_hash=fields.string("content_hash"),
             format_version=version,
