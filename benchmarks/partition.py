@@ -67,7 +67,7 @@ def run_case(case: str) -> dict[str, float | str]:
         manifest = write_benchmark(config, raw)
         built = time.perf_counter()
         disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    samples = sum(c["train_size"] + c["test_size"] for c in manifest["clients"])
+    samples = sum(c.size for c in manifest.clients)
     return {
         "case": case,
         "samples": samples,

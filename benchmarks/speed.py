@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
+from pipeline.data.records import ClientRecord, Manifest, content_hash
 from pipeline.data.shards import FederatedData
 from pipeline.engine.sequential import as_input
 from pipeline.models import build_model
@@ -44,14 +45,26 @@ def synthetic(args: argparse.Namespace, device: torch.device) -> FederatedData:
     images = torch.randint(0, 256, (n, channels, height, width), dtype=torch.uint8, generator=gen)
     labels = torch.randint(0, 10, (n,), generator=gen)
     slices = [slice(i * args.samples, (i + 1) * args.samples) for i in range(args.clients)]
-    manifest = {
-        "image_shape": [height, width, channels],
-        "num_classes": 10,
-        "clients": [
-            {"client_id": i, "participating": True, "train_size": args.samples}
-            for i in range(args.clients)
-        ],
-    }
+    histograms = [tuple(torch.bincount(labels[s], minlength=10).tolist()) for s in slices]
+    clients = tuple(  # participating, clean, concept 0, every row for training
+        ClientRecord(i, True, 0, "none", 0, None, args.samples, 0, counts, counts)
+        for i, counts in enumerate(histograms)
+    )
+    manifest = Manifest(
+        dataset=args.dataset,
+        source="random pixels and labels",
+        image_shape=(height, width, channels),
+        num_classes=10,
+        concepts=("identity",),
+        client_mix=(),
+        config={},
+        seed=0,
+        versions={},
+        num_participating=args.clients,
+        clients=clients,
+        files={},
+        content_hash=content_hash({}),
+    )
     empty = [slice(s.stop, s.stop) for s in slices]
     rows = torch.arange(n)
     return FederatedData(images, labels, slices, empty, manifest, rows, rows).to(device)

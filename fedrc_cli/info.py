@@ -13,7 +13,7 @@ from rich.table import Table
 
 from fedrc_cli.common import console, user_errors
 from pipeline.data.describe import describe
-from pipeline.data.shards import read_manifest
+from pipeline.data.records import read_manifest
 
 
 def info(

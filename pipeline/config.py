@@ -18,6 +18,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+from pipeline.data.client_mix import MIXES, check_shares
+from pipeline.data.concepts import parse_concepts
+from pipeline.data.corruptions import CORRUPTIONS, DATASET_CHANNELS, accepted, suite_name
+from pipeline.data.loaders import NUM_CLASSES
 from pipeline.errors import FedrcError
 
 ALGORITHMS = (
@@ -36,6 +40,14 @@ SINGLE_MODEL = ("fedavg", "fedprox")
 PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # algorithms that need mu > 0
 DEVICES = ("auto", "cpu", "cuda")
 SHIFTS = ("label", "feature", "concept")
+# implemented in pipeline.data.label_splits, which reads a PartitionConfig
+LABEL_SPLITS = (
+    "sequential_dirichlet",
+    "dirichlet",
+    "n_class",
+    "cluster_dirichlet",
+    "cluster_n_class",
+)
 EXECUTORS = ("auto", "batched", "sequential")  # auto: sequential on a CPU, batched on CUDA
 PRECISIONS = ("fp32", "bf16")
 MODELS = ("cnn", "mobilenet_v2", "resnet18")
@@ -97,11 +109,6 @@ class PartitionConfig:
     out: str = "data/federated"
 
     def validate(self) -> None:
-        from pipeline.data.client_mix import MIXES, check_shares
-        from pipeline.data.concepts import parse_concepts
-        from pipeline.data.label_splits import LABEL_SPLITS
-        from pipeline.data.loaders import NUM_CLASSES
-
         p = "partition"
         names = tuple(NUM_CLASSES)
         _require(self.dataset in names, f"{p}.dataset", f"one of {names}", self.dataset)
@@ -163,8 +170,6 @@ class PartitionConfig:
     def _validate_styles(self, styles: list[str]) -> None:
         """Names from the dataset's suite when its name tells the channel count, else from
         either suite; the build checks them again against the images it loaded."""
-        from pipeline.data.corruptions import CORRUPTIONS, DATASET_CHANNELS, accepted, suite_name
-
         channels = DATASET_CHANNELS.get(self.dataset)
         if channels is None:
             names, where = CORRUPTIONS, "either suite"

@@ -87,8 +87,7 @@ def summarize(data: FederatedData, table: torch.Tensor) -> dict[str, Any]:
     from a (clients, 2) table of train and test accuracies."""
     part, held = data.participating, data.held_out
     scores = table.tolist()
-    concepts = data.manifest["concepts"]
-    by_concept = {concepts[data.clients[h]["concept"]]: scores[h][1] for h in held}
+    by_concept = {data.manifest.concept_name(h): scores[h][1] for h in held}
     return {
         "train_accuracy": float(np.mean([scores[i][0] for i in part])),
         "local_accuracy": float(np.mean([scores[i][1] for i in part])),
@@ -103,7 +102,7 @@ def fit_held_out(
     """Every non-participating client fits its ω on its labelled part (on every place, in
     client order, from the losses that the client's own place computed)."""
     held = data.held_out
-    sizes = {h: int(data.clients[h]["train_size"]) for h in held}
+    sizes = {h: data.clients[h].train_size for h in held}
     losses, labels = {}, {}
     for h in held:
         if comm.owns(h):

@@ -54,14 +54,17 @@ class MomentumStore:
         return self._buffers is not None
 
     def _open(self, path: Path, mine: list[int]) -> None:
-        need = len(self.slot) * self.rows * self.size * 4
+        """The live file (sparse: this place's clients' rows only take space) and, on the main
+        place, room for a checkpoint's snapshot of every client's buffers."""
+        each = self.rows * self.size * 4
+        need = len(mine) * each + (len(self.slot) * each if self.comm.is_main else 0)
         free = shutil.disk_usage(path.parent).free
         if need > free:
             raise FedrcError(
-                f"train.persistent_momentum: {need / GB:.1f} GB of momentum buffers "
-                f"({len(self.slot)} clients × {self.rows} models × {self.size:,} parameters) "
-                f"do not fit in {path.parent} ({free / GB:.1f} GB free); free space, use fewer "
-                "clients, or set persistent_momentum: false"
+                f"train.persistent_momentum: {need / GB:.1f} GB of momentum buffers and their "
+                f"checkpoint ({len(self.slot)} clients × {self.rows} models × {self.size:,} "
+                f"parameters) do not fit in {path.parent} ({free / GB:.1f} GB free); free "
+                "space, use fewer clients, or set persistent_momentum: false"
             )
         self.path = path
         shape = (len(self.slot), self.rows, self.size)

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.data.records import Manifest
 from pipeline.io import atomic_dir
 
 
@@ -29,16 +30,15 @@ def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
 
 
 def cluster_shares(
-    omega: np.ndarray, manifest: dict[str, Any]
+    omega: np.ndarray, manifest: Manifest
 ) -> dict[str, tuple[list[str], np.ndarray]]:
     """For every class, style and concept: the share of its training samples in each cluster."""
-    part = [c for c in manifest["clients"] if c["participating"]]
-    ids = [c["client_id"] for c in part]
-    w = omega[ids]
-    hist = np.asarray([c["label_histogram"] for c in part], dtype=float)  # (M, C)
+    part = [c for c in manifest.clients if c.participating]
+    w = omega[manifest.participating]
+    hist = np.asarray([c.label_histogram for c in part], dtype=float)  # (M, C)
     sizes = hist.sum(1)
-    styles = sorted({c["style"] for c in part})
-    concepts = manifest["concepts"]
+    styles = sorted({c.style for c in part})
+    concepts = list(manifest.concepts)
 
     def by_group(keys: list[Any], values: list[Any]) -> np.ndarray:
         mass = np.zeros((len(keys), w.shape[1]))
@@ -48,8 +48,8 @@ def cluster_shares(
 
     shares = {
         "class": ([str(y) for y in range(hist.shape[1])], hist.T @ w),
-        "style": (styles, by_group(styles, [c["style"] for c in part])),
-        "concept": (concepts, by_group(list(range(len(concepts))), [c["concept"] for c in part])),
+        "style": (styles, by_group(styles, [c.style for c in part])),
+        "concept": (concepts, by_group(list(range(len(concepts))), [c.concept for c in part])),
     }
     return {
         name: (labels, mass / np.maximum(mass.sum(1, keepdims=True), 1e-12))
@@ -75,7 +75,7 @@ def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> None:
             )
 
 
-def draw_cluster_map(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int):
+def draw_cluster_map(path: Path, omega: np.ndarray, manifest: Manifest, round_: int, dpi: int):
     shares = cluster_shares(omega, manifest)
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.8), constrained_layout=True)
     for ax, (name, (labels, matrix)) in zip(axes, shares.items()):
@@ -101,15 +101,13 @@ def draw_accuracy(path: Path, metrics: list[dict[str, Any]], dpi: int) -> None:
     plt.close(fig)
 
 
-def draw_omega(path: Path, omega: np.ndarray, manifest: dict, round_: int, dpi: int) -> None:
-    clients = manifest["clients"]
+def draw_omega(path: Path, omega: np.ndarray, manifest: Manifest, round_: int, dpi: int) -> None:
+    clients = manifest.clients
     order = sorted(
-        range(len(clients)),
-        key=lambda i: (not clients[i]["participating"], clients[i]["concept"], i),
+        range(len(clients)), key=lambda i: (not clients[i].participating, clients[i].concept, i)
     )
     labels = [
-        f"{'held-out ' if not clients[i]['participating'] else ''}"
-        f"{manifest['concepts'][clients[i]['concept']]}"
+        f"{'held-out ' if not clients[i].participating else ''}{manifest.concept_name(i)}"
         for i in order
     ]
     fig, ax = plt.subplots(
@@ -142,7 +140,11 @@ def write_accuracy_csv(path: Path, metrics: list[dict[str, Any]]) -> None:
 
 
 def draw_all(
-    folder: Path, metrics: list[dict[str, Any]], assignments: pa.Table, manifest: dict, dpi: int
+    folder: Path,
+    metrics: list[dict[str, Any]],
+    assignments: pa.Table,
+    manifest: Manifest,
+    dpi: int,
 ) -> list[Path]:
     round_, omega = final_omega(assignments)
     names = ["cluster_map.png", "accuracy.png", "omega.png", "accuracy.csv"]

@@ -23,7 +23,8 @@ import numpy as np
 
 from pipeline import run_files as rf
 from pipeline.config import TrainConfig
-from pipeline.data.shards import data_digest, read_manifest
+from pipeline.data.records import MANIFEST, Manifest, read_manifest
+from pipeline.data.shards import data_digest
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 
@@ -283,13 +284,13 @@ def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def find_manifest(run: Run) -> dict[str, Any]:
+def find_manifest(run: Run) -> Manifest:
     """The benchmark a run was trained on: config.json's `data`, as given or relative to the
     run's parent folders (a DVC stage runs in its own folder), with the recorded hash."""
     data = Path(run.config["data"])
     candidates = [data] if data.is_absolute() else [data, *(p / data for p in run.path.parents)]
     for folder in candidates:
-        if (folder / "manifest.json").is_file():
+        if (folder / MANIFEST).is_file():
             manifest = read_manifest(folder)
             if data_digest(manifest) == run.config["data_digest"]:
                 return manifest
@@ -299,7 +300,7 @@ def find_manifest(run: Run) -> dict[str, Any]:
     )
 
 
-def concept_maps(groups: list[Group], manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+def concept_maps(groups: list[Group], manifest: Manifest) -> list[tuple[str, Any]]:
     """(title, (concepts, shares)) for FedRC, FedEM, IFCA and FeSEM, whichever are present:
     the selected group's lowest-seed run, ω at its last evaluated round (Figure 3's concept row).
     Clusters are not aligned across seeds, so one run is drawn rather than an average."""
@@ -329,10 +330,10 @@ def _cell(mean: float | None, std: float | None) -> str:
 
 
 def markdown(
-    rows: list[dict[str, Any]], manifest: dict[str, Any], runs: list[Run], marks: list[int]
+    rows: list[dict[str, Any]], manifest: Manifest, runs: list[Run], marks: list[int]
 ) -> str:
-    dataset = manifest.get("dataset", "?")
-    clients = sum(c["participating"] for c in manifest["clients"])
+    dataset = manifest.dataset
+    clients = len(manifest.participating)
     lines = [
         "# Report: accuracy over seeds next to the paper's Table 1",
         "",

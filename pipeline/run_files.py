@@ -16,6 +16,7 @@ import io
 import json
 import pickle
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.data.records import ClientRecord
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_file, naming, read_parquet
 
@@ -153,7 +155,7 @@ def truncate_metrics(path: Path, last_round: int) -> None:
 
 
 def write_assignments(
-    path: Path, rounds: list[int], history: list[torch.Tensor], clients: list[dict[str, Any]]
+    path: Path, rounds: list[int], history: list[torch.Tensor], clients: Sequence[ClientRecord]
 ) -> None:
     """Long table: one row per (evaluated round, client) with ω as columns omega_0..omega_{K-1}."""
     if not history:
@@ -163,9 +165,9 @@ def write_assignments(
     columns: dict[str, Any] = {
         "round": np.repeat(np.asarray(rounds, dtype=np.int32), num_clients),
         "client_id": np.tile(np.arange(num_clients, dtype=np.int32), len(rounds)),
-        "participating": np.tile([c["participating"] for c in clients], len(rounds)),
-        "concept": np.tile([c["concept"] for c in clients], len(rounds)).astype(np.int8),
-        "style": np.tile([c["style"] for c in clients], len(rounds)),
+        "participating": np.tile([c.participating for c in clients], len(rounds)),
+        "concept": np.tile([c.concept for c in clients], len(rounds)).astype(np.int8),
+        "style": np.tile([c.style for c in clients], len(rounds)),
     }
     for j in range(k):
         columns[f"omega_{j}"] = omega[:, j]

@@ -14,7 +14,8 @@ from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
-from pipeline.data.shards import data_digest, load_federated, read_manifest
+from pipeline.data.records import Manifest, read_manifest
+from pipeline.data.shards import data_digest, load_federated
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
     all_logits,
@@ -31,7 +32,7 @@ from pipeline.training import make_executor, resolve_device, run_training
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
 
 
-def partition_stage(config: PartitionConfig) -> dict[str, Any]:
+def partition_stage(config: PartitionConfig) -> Manifest:
     """Build the benchmark and write it to `config.out` in one atomic step; returns the manifest."""
     return write_benchmark(config, load_dataset(config.dataset, config.data_root))
 
@@ -106,9 +107,9 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
 
     part = np.asarray(data.participating)
     omega = final["omega"].numpy()
-    concepts = np.asarray([c["concept"] for c in data.clients])
-    sizes = np.asarray([c["train_size"] for c in data.clients], dtype=float)
-    histograms = np.asarray([c["label_histogram"] for c in data.clients], dtype=float)
+    concepts = np.asarray([c.concept for c in data.clients])
+    sizes = np.asarray([c.train_size for c in data.clients], dtype=float)
+    histograms = np.asarray([c.label_histogram for c in data.clients], dtype=float)
     result = {
         "algorithm": train_config.algorithm,
         "prediction": "hard" if config.hard else "soft",
@@ -124,7 +125,11 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     }
     clients = [
         {
-            **{k: c[k] for k in ("client_id", "participating", "concept", "style", "severity")},
+            "client_id": c.client_id,
+            "participating": c.participating,
+            "concept": c.concept,
+            "style": c.style,
+            "severity": c.severity,
             "train_accuracy": train,
             "test_accuracy": test,
             "omega": [round(float(w), 6) for w in omega[i]],

@@ -63,7 +63,7 @@ def local_seed(seed: int, round_: int, client: int) -> int:
 
 def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3)."""
-    shape = tuple(data.manifest["image_shape"])
+    shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.pretrained, config.norm)
     sgd = dict(
         lr=config.lr,
@@ -86,7 +86,7 @@ def initial_models(
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
     torch.manual_seed(config.seed)
-    shape = tuple(data.manifest["image_shape"])
+    shape = data.manifest.image_shape
     flat = []
     for _ in range(rows):
         model = build_model(shape, data.num_classes, config.model, config.pretrained, config.norm)
@@ -129,7 +129,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
     config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
-    sizes = {c: int(data.clients[c]["train_size"]) for c in sampled}
+    sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
     algorithm.begin_round(run.models)
     raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
@@ -230,14 +230,21 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
 
 
 def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
-    """The checkpoint to resume, refused when written with another configuration."""
+    """The checkpoint to resume, refused when written with another configuration or when
+    the momentum snapshot it names is gone."""
     path = out / rf.CHECKPOINT
     other = rf.identity_mismatch(rf.state_identity(path, rf.load_state(path)), wanted)
     if other is not None:
         raise FedrcError(
             f"--resume: {path} was written with {other}; start a new run with another --out"
         )
-    return rf.RunState.load(path)
+    state = rf.RunState.load(path)
+    snapshot = rf.momentum_snapshot(out, state.round)
+    if state.momentum_present is not None and not snapshot.is_file():
+        raise FedrcError(
+            f"--resume: {snapshot} not found (the momentum of {path}); start again with --overwrite"
+        )
+    return state
 
 
 def checkpoint_interval(config: TrainConfig, run: Run) -> int:
@@ -315,9 +322,12 @@ def train_run(
     out, main = Path(config.out), comm.is_main
     # Every step that can fail on one place only is agreed on: all places raise its error.
     manifest = comm.agree(lambda: read_manifest(Path(config.data)))
-    ids = [(c["client_id"], c["participating"]) for c in manifest["clients"]]
-    comm.place_clients([c for c, p in ids if p], [c for c, p in ids if not p])
-    mine = None if comm.size == 1 else {c for c, _ in ids if comm.owns(c)}
+    comm.place_clients(manifest.participating, manifest.held_out)
+    mine = (
+        None
+        if comm.size == 1
+        else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
+    )
     data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
     comm.agree(lambda: prepare_run_dir(out, resume, overwrite), everywhere=False)
     digest = data_digest(data.manifest)

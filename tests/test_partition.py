@@ -15,7 +15,8 @@ from pipeline.data.describe import describe
 from pipeline.data.label_splits import sequential_dirichlet_split
 from pipeline.data.loaders import RawDataset
 from pipeline.data.loaders.idx import DEBIAN_FMNIST, load_fmnist, read_idx
-from pipeline.data.shards import load_federated, read_manifest
+from pipeline.data.records import Manifest, read_manifest
+from pipeline.data.shards import load_federated
 from pipeline.errors import FedrcError
 from pipeline.stages import partition_stage
 
@@ -106,13 +107,13 @@ def test_too_many_clients_names_the_option() -> None:
 
 def test_partition_statistics(tiny_data: Path) -> None:
     manifest = read_manifest(tiny_data)
-    clients = manifest["clients"]
-    part = [c for c in clients if c["participating"]]
-    held = [c for c in clients if not c["participating"]]
-    assert len(part) == 12 and [c["concept"] for c in held] == [0, 1, 2]
-    assert all(c["train_size"] + c["test_size"] == 60 and c["test_size"] == 6 for c in part)
-    assert all(c["style"] != "none" and 1 <= c["severity"] <= 5 for c in part if c["severity"] > 0)
-    assert all(c["style"] == "none" for c in held)
+    clients = manifest.clients
+    part = [c for c in clients if c.participating]
+    held = [c for c in clients if not c.participating]
+    assert len(part) == 12 and [c.concept for c in held] == [0, 1, 2]
+    assert all(c.train_size + c.test_size == 60 and c.test_size == 6 for c in part)
+    assert all(c.style != "none" and 1 <= c.severity <= 5 for c in part if c.severity > 0)
+    assert all(c.style == "none" for c in held)
     table = ds.dataset(tiny_data / "shards").to_table()
     assert table.num_rows == 12 * 60 + 3 * 200
     label = table.column("label").to_numpy()
@@ -122,8 +123,8 @@ def test_partition_statistics(tiny_data: Path) -> None:
         mask = concept == c
         assert (label[mask] == relabel(["identity", "reverse", "shift"][c], true[mask])).all()
     # held-out clients: class-balanced
-    held_ids = [c["client_id"] for c in held]
-    hist = np.asarray(held[0]["label_histogram"]) + np.bincount(
+    held_ids = [c.client_id for c in held]
+    hist = np.asarray(held[0].label_histogram) + np.bincount(
         true[
             (table.column("client_id").to_numpy() == held_ids[0])
             & (table.column("split").to_numpy() == "test")
@@ -198,7 +199,7 @@ def test_real_fashion_mnist_from_debian() -> None:
     assert np.bincount(data.train_labels).tolist() == [6000] * 10
 
 
-def build(tmp_path: Path, name: str, **settings) -> dict:
+def build(tmp_path: Path, name: str, **settings) -> Manifest:
     base = dict(dataset="synthetic", clients=10, samples_per_client=40, holdout_samples=50)
     return partition_stage(PartitionConfig(**{**base, **settings}, out=str(tmp_path / name)))
 
@@ -208,14 +209,14 @@ def test_manifest_records_enough_to_rebuild_the_same_shards(tmp_path: Path) -> N
         label_split="cluster_n_class", label_groups=2, concepts=["identity", "pair_flip"]
     )
     first = build(tmp_path, "a", **settings)
-    assert first["format_version"] == 2 and first["config"]["label_split"] == "cluster_n_class"
-    assert {"numpy", "pyarrow", "torch", "python"} <= set(first["versions"])
+    assert first.format_version == 2 and first.config["label_split"] == "cluster_n_class"
+    assert {"numpy", "pyarrow", "torch", "python"} <= set(first.versions)
     files = sorted((tmp_path / "a" / "shards").iterdir())
     per_shard = sorted(hashlib.sha256(f.read_bytes()).hexdigest() for f in files)
-    assert first["content_hash"] == hashlib.sha256("\n".join(per_shard).encode()).hexdigest()
-    rebuilt = partition_stage(PartitionConfig(**first["config"], out=str(tmp_path / "b")))
-    assert rebuilt["content_hash"] == first["content_hash"]
-    assert {c["label_group"] for c in first["clients"] if c["participating"]} == {0, 1}
+    assert first.content_hash == hashlib.sha256("\n".join(per_shard).encode()).hexdigest()
+    rebuilt = partition_stage(PartitionConfig(**first.config, out=str(tmp_path / "b")))
+    assert rebuilt.content_hash == first.content_hash
+    assert {c.label_group for c in first.clients if c.participating} == {0, 1}
 
 
 def test_changed_shard_and_old_format_are_refused(tmp_path: Path) -> None:
@@ -243,9 +244,9 @@ def test_replicated_colour_pool_goes_through_the_same_builder(tmp_path: Path) ->
     )
     config = PartitionConfig(dataset="cifar10", clients=6, replicate=3, out=str(tmp_path / "c"))
     manifest = write_benchmark(config, raw)
-    assert manifest["image_shape"] == [32, 32, 3]
-    part = [c for c in manifest["clients"] if c["participating"]]
-    assert [c["train_size"] + c["test_size"] for c in part] == [50] * 6  # 3 × 100 / 6
+    assert manifest.image_shape == (32, 32, 3)
+    part = [c for c in manifest.clients if c.participating]
+    assert [c.train_size + c.test_size for c in part] == [50] * 6  # 3 × 100 / 6
     assert load_federated(tmp_path / "c").images.shape[1:] == (3, 32, 32)
 
 
@@ -255,11 +256,11 @@ def test_replicated_colour_pool_goes_through_the_same_builder(tmp_path: Path) ->
 )
 def test_single_shift_settings(tmp_path: Path, shifts, concepts, corrupted) -> None:
     manifest = build(tmp_path, "s", clients=20, shifts=shifts)
-    part = [c for c in manifest["clients"] if c["participating"]]
-    assert {c["concept"] for c in part} == concepts
-    assert any(c["style"] != "none" for c in part) == corrupted
-    assert len(manifest["clients"]) - len(part) == len(concepts)  # one held-out per concept
-    classes = [sum(v > 0 for v in c["true_label_histogram"]) for c in part]
+    part = [c for c in manifest.clients if c.participating]
+    assert {c.concept for c in part} == concepts
+    assert any(c.style != "none" for c in part) == corrupted
+    assert len(manifest.clients) - len(part) == len(concepts)  # one held-out per concept
+    classes = [sum(v > 0 for v in c.true_label_histogram) for c in part]
     assert (np.mean(classes) > 8) == ("label" not in shifts)
 
 
@@ -278,9 +279,9 @@ def test_imbalanced_and_custom_mixes() -> None:
 def test_many_concepts_and_corrupted_holdouts(tmp_path: Path) -> None:
     names = ["identity", "reverse", "shift:2", "permutation", "symmetric:0.5"]
     manifest = build(tmp_path, "m", clients=20, concepts=names, holdout_corrupted=True)
-    held = [c for c in manifest["clients"] if not c["participating"]]
-    assert manifest["concepts"] == names and [c["concept"] for c in held] == list(range(5))
-    assert all(c["style"] != "none" for c in held)
+    held = [c for c in manifest.clients if not c.participating]
+    assert list(manifest.concepts) == names and [c.concept for c in held] == list(range(5))
+    assert all(c.style != "none" for c in held)
     info = describe(manifest)
     assert sum(sum(s.values()) for s in info["clients_by_concept_and_style"].values()) == 20
     assert info["held_out"] == 5 and 0 < info["label_heterogeneity"]["mean_pairwise_tv"] < 1

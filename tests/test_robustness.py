@@ -29,7 +29,7 @@ from fedrc_cli.app import app
 from pipeline import run_files as rf
 from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
-from pipeline.data.shards import content_hash
+from pipeline.data.records import content_hash
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage

@@ -141,3 +141,12 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tiny_data: Path, tmp_pat
     assert rf.load_state(half / rf.CHECKPOINT)["format"] == rf.CHECKPOINT_FORMAT
     assert rf.momentum_snapshot(half, 3).is_file()
     assert not list(half.glob(".momentum-*"))  # the live buffers are gone with the run
+
+
+def test_resume_without_the_momentum_snapshot_is_refused(tiny_data: Path, tmp_path: Path) -> None:
+    config = tiny_config(tiny_data, tmp_path / "run", persistent_momentum=True, rounds=1)
+    run = train_stage(config)
+    rf.momentum_snapshot(run, 1).unlink()
+    with pytest.raises(FedrcError, match=r"checkpoint-momentum-r1\.npy not found") as info:
+        train_stage(replace(config, rounds=2), resume=True)
+    assert "\n" not in str(info.value) and "--overwrite" in str(info.value)

@@ -31,7 +31,6 @@ def held_out_scores(run: Path) -> list[tuple[str, list[float], int]]:
     executor = make_executor(config, data, torch.device("cpu"))
     models = rf.load_state(run / rf.MODEL)["models"]
     logits = all_logits(executor, models, data)
-    concepts = data.manifest["concepts"]
     rows = []
     for client in data.held_out:
         train, test = data.train_slices[client], data.test_slices[client]
@@ -39,7 +38,7 @@ def held_out_scores(run: Path) -> list[tuple[str, list[float], int]]:
         hits = logits[:, test].argmax(-1) == data.labels[test]
         rows.append(
             (
-                concepts[data.clients[client]["concept"]],
+                data.manifest.concept_name(client),
                 hits.float().mean(1).tolist(),
                 int(loss.argmin()),
             )

@@ -15,7 +15,6 @@ import platform
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from pipeline.data.concepts import Concept, parse_concepts
 from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
+from pipeline.data.records import ClientRecord, Manifest, MixGroup, content_hash, write_manifest
 from pipeline.data.sampling import balanced_subset, train_test_split
 from pipeline.data.shards import ClientData, write_shards
 from pipeline.errors import FedrcError
@@ -146,30 +146,40 @@ def versions() -> dict[str, str]:
     return found
 
 
-def manifest_header(config: PartitionConfig, raw: RawDataset) -> dict[str, Any]:
-    """Everything needed to rebuild the shards; write_shards adds clients, hashes and format."""
+def benchmark_manifest(
+    config: PartitionConfig,
+    raw: RawDataset,
+    clients: tuple[ClientRecord, ...],
+    files: dict[str, str],
+) -> Manifest:
+    """Everything needed to rebuild the shards, the written clients and their shards' hashes."""
     names = [c.name for c in parse_concepts(config.concepts)]
-    return {
-        "dataset": raw.name,
-        "source": raw.source,
-        "image_shape": list(raw.image_shape),
-        "num_classes": raw.num_classes,
-        "concepts": [c.name for c in used_concepts(config)],
-        "client_mix": [
-            {"concept": names[c], "corrupted": x, "share": share}
+    return Manifest(
+        dataset=raw.name,
+        source=raw.source,
+        image_shape=raw.image_shape,
+        num_classes=raw.num_classes,
+        concepts=tuple(c.name for c in used_concepts(config)),
+        client_mix=tuple(
+            MixGroup(names[c], x, share)
             for c, x, share in mix_groups(config.client_mix, len(names), config.client_shares)
-        ],
-        "config": {k: v for k, v in config_dict(config).items() if k != "out"},
-        "seed": config.seed,
-        "versions": versions(),
-        "num_participating": config.clients,
-    }
+        ),
+        config={k: v for k, v in config_dict(config).items() if k != "out"},
+        seed=config.seed,
+        versions=versions(),
+        num_participating=config.clients,
+        clients=clients,
+        files=files,
+        content_hash=content_hash(files),
+    )
 
 
-def write_benchmark(config: PartitionConfig, raw: RawDataset) -> dict[str, Any]:
+def write_benchmark(config: PartitionConfig, raw: RawDataset) -> Manifest:
     """Build the benchmark from `raw` into `config.out` in one atomic step; returns the manifest."""
     clients = build_clients(config, raw)
     with atomic_dir(Path(config.out)) as tmp:
-        manifest = write_shards(tmp, clients, manifest_header(config, raw), raw.num_classes)
+        records, files = write_shards(tmp, clients, raw.num_classes)
+        manifest = benchmark_manifest(config, raw, records, files)
+        write_manifest(tmp, manifest)
         (tmp / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
     return manifest

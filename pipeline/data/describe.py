@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data.records import Manifest
+
 
 def mean_pairwise_tv(histograms: np.ndarray) -> float:
     """Mean total-variation distance ½‖p_i − p_j‖₁ over client pairs i < j (0: identical label
@@ -33,25 +35,23 @@ def label_heterogeneity(histograms: np.ndarray) -> dict[str, Any]:
     }
 
 
-def describe(manifest: dict[str, Any]) -> dict[str, Any]:
+def describe(manifest: Manifest) -> dict[str, Any]:
     """The summary `fedrc info` prints (and writes with --json). Label statistics use the true
     labels of the training splits, so concept label maps do not count as label shift."""
-    clients = manifest["clients"]
-    concepts = manifest["concepts"]
-    part = [c for c in clients if c["participating"]]
-    held = [c for c in clients if not c["participating"]]
-    by_concept: dict[str, Counter[str]] = {name: Counter() for name in concepts}
+    part = [c for c in manifest.clients if c.participating]
+    held = [c for c in manifest.clients if not c.participating]
+    by_concept: dict[str, Counter[str]] = {name: Counter() for name in manifest.concepts}
     for c in part:
-        by_concept[concepts[c["concept"]]][c["style"]] += 1
-    sizes = np.asarray([c["train_size"] + c["test_size"] for c in part])
-    config = manifest["config"]
-    groups = {c["label_group"] for c in part} - {None}
+        by_concept[manifest.concept_name(c.client_id)][c.style] += 1
+    sizes = np.asarray([c.size for c in part])
+    config = manifest.config
+    groups = {c.label_group for c in part} - {None}
     return {
-        "dataset": manifest["dataset"],
-        "image_shape": manifest["image_shape"],
-        "num_classes": manifest["num_classes"],
-        "seed": manifest["seed"],
-        "content_hash": manifest["content_hash"],
+        "dataset": manifest.dataset,
+        "image_shape": list(manifest.image_shape),
+        "num_classes": manifest.num_classes,
+        "seed": manifest.seed,
+        "content_hash": manifest.content_hash,
         "shifts": config["shifts"],
         "label_split": config["label_split"] if "label" in config["shifts"] else "iid",
         "label_groups": len(groups),
@@ -61,11 +61,7 @@ def describe(manifest: dict[str, Any]) -> dict[str, Any]:
             name: dict(sorted(counts.items())) for name, counts in by_concept.items()
         },
         "held_out_clients": [
-            {
-                "concept": concepts[c["concept"]],
-                "style": c["style"],
-                "samples": c["train_size"] + c["test_size"],
-            }
+            {"concept": manifest.concept_name(c.client_id), "style": c.style, "samples": c.size}
             for c in held
         ],
         "samples_per_client": {
@@ -75,6 +71,6 @@ def describe(manifest: dict[str, Any]) -> dict[str, Any]:
             "total": int(sizes.sum()),
         },
         "label_heterogeneity": label_heterogeneity(
-            np.asarray([c["true_label_histogram"] for c in part], dtype=float)
+            np.asarray([c.true_label_histogram for c in part], dtype=float)
         ),
     }

@@ -23,17 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.config import LABEL_SPLITS as LABEL_SPLITS  # the names, kept with the settings
 from pipeline.config import PartitionConfig
 from pipeline.data.sampling import largest_remainder
 from pipeline.errors import FedrcError
 
-LABEL_SPLITS = (
-    "sequential_dirichlet",
-    "dirichlet",
-    "n_class",
-    "cluster_dirichlet",
-    "cluster_n_class",
-)
 MAX_DRAWS = 100
 
 

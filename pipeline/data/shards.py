@@ -3,33 +3,27 @@
 A row is one sample: `image` (raw uint8 H×W×C bytes), `label` (after the concept's label map),
 `true_label`, `client_id`, `participating`, `concept`, `style`, `severity`, `split`. One file per
 client lets a reader (or a distributed rank) load only the clients it needs; the whole folder
-reads as one table with `pyarrow.dataset.dataset(DIR / "shards")`.
-
-The manifest (format 2) records how the shards were made (`config`, `versions`), a summary per
-client, each shard's SHA-256 (`files`) and `content_hash`, the SHA-256 over the sorted per-shard
-hashes: equal content hashes mean byte-identical shards.
+reads as one table with `pyarrow.dataset.dataset(DIR / "shards")`. The manifest, with each
+shard's SHA-256, is read and written by `pipeline.data.records`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.data.records import ClientRecord, Manifest, read_manifest
 from pipeline.errors import FedrcError
 from pipeline.io import read_parquet
 
-MANIFEST = "manifest.json"
 SHARDS = "shards"
-FORMAT_VERSION = 2
 
 
 @dataclass
@@ -90,85 +84,42 @@ def client_table(client: ClientData) -> pa.Table:
     )
 
 
-def client_summary(client: ClientData, num_classes: int) -> dict[str, Any]:
+def client_record(client: ClientData, num_classes: int) -> ClientRecord:
     train = ~client.is_test
-    return {
-        "client_id": client.client_id,
-        "participating": client.participating,
-        "concept": client.concept,
-        "style": client.style,
-        "severity": client.severity,
-        "label_group": client.label_group,
-        "train_size": int(train.sum()),
-        "test_size": int(client.is_test.sum()),
-        "label_histogram": np.bincount(client.labels[train], minlength=num_classes).tolist(),
-        "true_label_histogram": np.bincount(
-            client.true_labels[train], minlength=num_classes
-        ).tolist(),
-    }
+    return ClientRecord(
+        client_id=client.client_id,
+        participating=client.participating,
+        concept=client.concept,
+        style=client.style,
+        severity=client.severity,
+        label_group=client.label_group,
+        train_size=int(train.sum()),
+        test_size=int(client.is_test.sum()),
+        label_histogram=tuple(np.bincount(client.labels[train], minlength=num_classes).tolist()),
+        true_label_histogram=tuple(
+            np.bincount(client.true_labels[train], minlength=num_classes).tolist()
+        ),
+    )
 
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def content_hash(files: dict[str, str]) -> str:
-    """SHA-256 over the sorted per-shard SHA-256 values, one per line."""
-    return hashlib.sha256("\n".join(sorted(files.values())).encode()).hexdigest()
-
-
 def write_shards(
-    folder: Path, clients: Iterable[ClientData], header: dict[str, Any], num_classes: int
-) -> dict[str, Any]:
-    """Write each client's shard as it comes, then the manifest: `header` plus the clients'
-    summaries, each file's SHA-256 and the content hash. Returns the manifest."""
+    folder: Path, clients: Iterable[ClientData], num_classes: int
+) -> tuple[tuple[ClientRecord, ...], dict[str, str]]:
+    """Write each client's shard as it comes (one client's images in memory at a time).
+    Returns the clients' records and each shard file's SHA-256, for the manifest."""
     shards = folder / SHARDS
     shards.mkdir(parents=True)
-    hashes, summaries = {}, []
+    hashes, records = {}, []
     for client in clients:
         path = shards / shard_name(client.client_id)
         pq.write_table(client_table(client), path, compression="zstd")
         hashes[path.name] = sha256_file(path)
-        summaries.append(client_summary(client, num_classes))
-    manifest = {
-        **header,
-        "clients": summaries,
-        "format_version": FORMAT_VERSION,
-        "files": hashes,
-        "content_hash": content_hash(hashes),
-    }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise FedrcError(f"--data: {path} not found (run `fedrc partition` first)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FedrcError(f"{path}: corrupt manifest ({e})") from None
-    if not isinstance(manifest, dict) or "format_version" not in manifest:
-        raise FedrcError(f"{path}: not a fedrc manifest (no format_version)")
-    version = manifest["format_version"]
-    if version != FORMAT_VERSION:
-        age = "a newer" if version > FORMAT_VERSION else "an older"
-        raise FedrcError(
-            f"{path}: written by {age} fedrc (format {version}, expected {FORMAT_VERSION}); "
-            "rebuild it with `fedrc partition`"
-        )
-    needed = ("dataset", "image_shape", "num_classes", "concepts", "clients", "files")
-    missing = [k for k in (*needed, "content_hash") if k not in manifest]
-    if missing:
-        raise FedrcError(f"{path}: manifest lacks {', '.join(missing)}")
-    per_client = ("client_id", "participating", "concept", "style", "train_size", "test_size")
-    for entry in manifest["clients"] if isinstance(manifest["clients"], list) else [None]:
-        if not isinstance(entry, dict) or any(k not in entry for k in per_client):
-            raise FedrcError(f"{path}: a client entry lacks one of {', '.join(per_client)}")
-    if content_hash(manifest["files"]) != manifest["content_hash"]:
-        raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
-    return manifest
+        records.append(client_record(client, num_classes))
+    return tuple(records), hashes
 
 
 @dataclass
@@ -183,26 +134,26 @@ class FederatedData:
     labels: torch.Tensor  # (N,) int64
     train_slices: list[slice]
     test_slices: list[slice]
-    manifest: dict[str, Any]
+    manifest: Manifest
     distinct: torch.Tensor  # rows holding each distinct image once (held-out clients share them)
     inverse: torch.Tensor  # row → position of its image in `distinct`
     loaded: list[int] | None = None  # the clients whose rows are here (None: all of them)
 
     @property
     def num_classes(self) -> int:
-        return int(self.manifest["num_classes"])
+        return self.manifest.num_classes
 
     @property
-    def clients(self) -> list[dict[str, Any]]:
-        return self.manifest["clients"]
+    def clients(self) -> tuple[ClientRecord, ...]:
+        return self.manifest.clients
 
     @property
     def participating(self) -> list[int]:
-        return [c["client_id"] for c in self.clients if c["participating"]]
+        return self.manifest.participating
 
     @property
     def held_out(self) -> list[int]:
-        return [c["client_id"] for c in self.clients if not c["participating"]]
+        return self.manifest.held_out
 
     def to(self, device: torch.device) -> FederatedData:
         return FederatedData(
@@ -221,13 +172,11 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
     """Every client's shard, or only those of `clients` (a distributed rank's share): the
     others get empty slices and are left out of `loaded`."""
     manifest = read_manifest(folder)
-    shape = tuple(manifest["image_shape"])  # (H, W, C)
+    shape = manifest.image_shape  # (H, W, C)
     image_bytes = int(np.prod(shape))
     images, labels, train_slices, test_slices = [], [], [], []
     offset = 0
-    for position, entry in enumerate(manifest["clients"]):
-        if entry["client_id"] != position:
-            raise FedrcError(f"{folder / MANIFEST}: client ids must be 0..{len(manifest)} in order")
+    for position, entry in enumerate(manifest.clients):  # client ids are positions
         if clients is not None and position not in clients:
             train_slices.append(slice(offset, offset))
             test_slices.append(slice(offset, offset))
@@ -237,7 +186,7 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
             raise FedrcError(f"{path}: shard missing")
         check_shard_hash(path, manifest)
         table = read_parquet(path, "shard missing")
-        expected = entry["train_size"] + entry["test_size"]
+        expected = entry.size
         if table.num_rows != expected or not table.schema.equals(_schema(image_bytes)):
             raise FedrcError(
                 f"{path}: shard does not match the manifest ({table.num_rows} rows, expected "
@@ -248,7 +197,7 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         raw = raw[column.offset * image_bytes : (column.offset + len(column)) * image_bytes]
         images.append(raw.reshape(-1, *shape))
         labels.append(table.column("label").to_numpy().astype(np.int64))
-        n_train = entry["train_size"]
+        n_train = entry.train_size
         train_slices.append(slice(offset, offset + n_train))
         test_slices.append(slice(offset + n_train, offset + expected))
         offset += expected
@@ -272,9 +221,9 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
     )
 
 
-def check_shard_hash(path: Path, manifest: dict[str, Any]) -> None:
+def check_shard_hash(path: Path, manifest: Manifest) -> None:
     """The shard's SHA-256 must be the one the manifest recorded when it was written."""
-    recorded = manifest.get("files", {}).get(path.name)
+    recorded = manifest.files.get(path.name)
     if recorded is None:
         raise FedrcError(f"{path}: the manifest records no SHA-256 for this shard")
     if sha256_file(path) != recorded:
@@ -284,6 +233,6 @@ def check_shard_hash(path: Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def data_digest(manifest: dict[str, Any]) -> str:
+def data_digest(manifest: Manifest) -> str:
     """One hash for the whole federated dataset (the manifest's content hash)."""
-    return manifest["content_hash"]
+    return manifest.content_hash

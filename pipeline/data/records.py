@@ -1,0 +1,321 @@
+"""`manifest.json` as typed records, read and written here and nowhere else.
+
+The manifest (format 2) says how the shards were made (`config`, `seed`, `versions`), what they
+hold (dataset, image shape, classes, concepts, one `ClientRecord` per client) and each shard's
+SHA-256 (`files`) with `content_hash`, the SHA-256 over the sorted per-shard hashes: equal
+content hashes mean byte-identical shards. Every JSON key is spelled out in `to_json` and
+`from_json`, so the file format is visible here; the bytes written are those fedrc wrote before
+the records existed, so older format-2 manifests load unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import FedrcError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 2
+# every key of a manifest but format_version, which is read first
+MANIFEST_KEYS = (
+    "dataset",
+    "source",
+    "image_shape",
+    "num_classes",
+    "concepts",
+    "client_mix",
+    "config",
+    "seed",
+    "versions",
+    "num_participating",
+    "clients",
+    "files",
+    "content_hash",
+)
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """SHA-256 over the sorted per-shard SHA-256 values, one per line."""
+    return hashlib.sha256("\n".join(sorted(files.values())).encode()).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Fields:
+    """One JSON object of a manifest, read key by key: a missing key or a value of the wrong
+    type is one FedrcError naming the file and the key (`clients[3].train_size`)."""
+
+    def __init__(self, path: Path, name: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise FedrcError(f"{path}: {name}: expected an object, got {value!r}")
+        self.path, self.name, self.data = path, name, value
+
+    def require(self, *keys: str) -> None:
+        missing = [k for k in keys if k not in self.data]
+        if missing:
+            raise FedrcError(f"{self.path}: {self.name} lacks {', '.join(missing)}")
+
+    def fail(self, key: str, expected: str) -> FedrcError:
+        value = self.data[key]
+        return FedrcError(f"{self.path}: {self.name}.{key}: expected {expected}, got {value!r}")
+
+    def _get(self, key: str, ok: bool, expected: str) -> Any:
+        if not ok:
+            raise self.fail(key, expected)
+        return self.data[key]
+
+    def _value(self, key: str) -> Any:
+        self.require(key)
+        return self.data[key]
+
+    def count(self, key: str) -> int:
+        value = self._value(key)
+        return self._get(key, _is_int(value) and value >= 0, "an integer >= 0")
+
+    def integer(self, key: str) -> int:
+        return self._get(key, _is_int(self._value(key)), "an integer")
+
+    def optional_count(self, key: str) -> int | None:
+        value = self._value(key)
+        ok = value is None or (_is_int(value) and value >= 0)
+        return self._get(key, ok, "an integer >= 0 or null")
+
+    def boolean(self, key: str) -> bool:
+        return self._get(key, isinstance(self._value(key), bool), "true or false")
+
+    def string(self, key: str) -> str:
+        return self._get(key, isinstance(self._value(key), str), "a string")
+
+    def number(self, key: str) -> float:
+        value = self._value(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return self._get(key, ok, "a number")
+
+    def counts(self, key: str) -> tuple[int, ...]:
+        value = self._value(key)
+        ok = isinstance(value, list) and all(_is_int(v) and v >= 0 for v in value)
+        return tuple(self._get(key, ok, "a list of integers >= 0"))
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self._value(key)
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return tuple(self._get(key, ok, "a list of strings"))
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        return self._get(key, isinstance(self._value(key), dict), "an object")
+
+    def string_map(self, key: str) -> dict[str, str]:
+        value = self._value(key)
+        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        return self._get(key, ok, "an object of strings")
+
+    def items(self, key: str) -> list[tuple[str, Any]]:
+        """A list's items, each with its name for messages (`clients[3]`)."""
+        value = self._get(key, isinstance(self._value(key), list), "a list")
+        return [(f"{key}[{i}]", item) for i, item in enumerate(value)]
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One client's summary: who it is and how much of what it holds."""
+
+    client_id: int
+    participating: bool
+    concept: int  # index into Manifest.concepts
+    style: str  # corruption name or "none"
+    severity: int  # 0 when clean
+    label_group: int | None  # Fed-CAM cluster-wise label splits only
+    train_size: int
+    test_size: int
+    label_histogram: tuple[int, ...]  # training labels after the concept's label map
+    true_label_histogram: tuple[int, ...]  # training labels before it
+
+    @property
+    def size(self) -> int:
+        """Rows in the client's shard: its train and test splits."""
+        return self.train_size + self.test_size
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "client_id": self.client_id,
+            "participating": self.participating,
+            "concept": self.concept,
+            "style": self.style,
+            "severity": self.severity,
+            "label_group": self.label_group,
+            "train_size": self.train_size,
+            "test_size": self.test_size,
+            "label_histogram": list(self.label_histogram),
+            "true_label_histogram": list(self.true_label_histogram),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path, name: str = "client") -> ClientRecord:
+        """The record in `data`, read from `path` where it is called `name` (`clients[3]`)."""
+        fields = _Fields(path, name, data)
+        return cls(
+            client_id=fields.count("client_id"),
+            participating=fields.boolean("participating"),
+            concept=fields.count("concept"),
+            style=fields.string("style"),
+            severity=fields.count("severity"),
+            label_group=fields.optional_count("label_group"),
+            train_size=fields.count("train_size"),
+            test_size=fields.count("test_size"),
+            label_histogram=fields.counts("label_histogram"),
+            true_label_histogram=fields.counts("true_label_histogram"),
+        )
+
+
+@dataclass(frozen=True)
+class MixGroup:
+    """One group of the client mix: clients of `concept`, corrupted or clean, and their share."""
+
+    concept: str
+    corrupted: bool
+    share: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"concept": self.concept, "corrupted": self.corrupted, "share": self.share}
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path, name: str = "client_mix group") -> MixGroup:
+        fields = _Fields(path, name, data)
+        return cls(
+            concept=fields.string("concept"),
+            corrupted=fields.boolean("corrupted"),
+            share=fields.number("share"),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `fedrc partition` wrote: enough to rebuild the same shards and to check them.
+
+    Clients are numbered by position (participating first, then one held-out client per
+    concept); `from_json` refuses any other order.
+    """
+
+    dataset: str
+    source: str  # where the raw files came from
+    image_shape: tuple[int, int, int]  # (H, W, C)
+    num_classes: int
+    concepts: tuple[str, ...]  # the label maps in play, by name
+    client_mix: tuple[MixGroup, ...]
+    config: dict[str, Any]  # the partition settings without `out`: PartitionConfig(**config)
+    seed: int
+    versions: dict[str, str]  # the packages that decide the shard bytes
+    num_participating: int
+    clients: tuple[ClientRecord, ...]
+    files: dict[str, str]  # shard file name → SHA-256
+    content_hash: str
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def participating(self) -> list[int]:
+        return [c.client_id for c in self.clients if c.participating]
+
+    @property
+    def held_out(self) -> list[int]:
+        return [c.client_id for c in self.clients if not c.participating]
+
+    def concept_name(self, client_id: int) -> str:
+        return self.concepts[self.clients[client_id].concept]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "source": self.source,
+            "image_shape": list(self.image_shape),
+            "num_classes": self.num_classes,
+            "concepts": list(self.concepts),
+            "client_mix": [group.to_json() for group in self.client_mix],
+            "config": self.config,
+            "seed": self.seed,
+            "versions": self.versions,
+            "num_participating": self.num_participating,
+            "clients": [client.to_json() for client in self.clients],
+            "format_version": self.format_version,
+            "files": self.files,
+            "content_hash": self.content_hash,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> Manifest:
+        """The manifest parsed from `path`, checked: its format version first (a file from
+        another fedrc says so, rather than which key it lacks), then every key, the client
+        order and the content hash."""
+        if not isinstance(data, dict) or "format_version" not in data:
+            raise FedrcError(f"{path}: not a fedrc manifest (no format_version)")
+        fields = _Fields(path, "manifest", data)
+        version = fields.integer("format_version")
+        if version != FORMAT_VERSION:
+            age = "a newer" if version > FORMAT_VERSION else "an older"
+            raise FedrcError(
+                f"{path}: written by {age} fedrc (format {version}, expected {FORMAT_VERSION}); "
+                "rebuild it with `fedrc partition`"
+            )
+        fields.require(*MANIFEST_KEYS)
+        shape = fields.counts("image_shape")
+        if len(shape) != 3:
+            raise fields.fail("image_shape", "[height, width, channels]")
+        manifest = cls(
+            dataset=fields.string("dataset"),
+            source=fields.string("source"),
+            image_shape=(shape[0], shape[1], shape[2]),
+            num_classes=fields.count("num_classes"),
+            concepts=fields.strings("concepts"),
+            client_mix=tuple(
+                MixGroup.from_json(group, path, name) for name, group in fields.items("client_mix")
+            ),
+            config=fields.mapping("config"),
+            seed=fields.integer("seed"),
+            versions=fields.string_map("versions"),
+            num_participating=fields.count("num_participating"),
+            clients=tuple(
+                ClientRecord.from_json(client, path, name)
+                for name, client in fields.items("clients")
+            ),
+            files=fields.string_map("files"),
+            content_hash=fields.string("content_hash"),
+            format_version=version,
+        )
+        manifest._check(path)
+        return manifest
+
+    def _check(self, path: Path) -> None:
+        """What the keys' types cannot say: clients by position, concepts in range, hashes."""
+        n = len(self.clients)
+        if [c.client_id for c in self.clients] != list(range(n)):
+            raise FedrcError(f"{path}: client ids must be 0..{n - 1} in order")
+        for i, client in enumerate(self.clients):
+            if client.concept >= len(self.concepts):
+                raise FedrcError(
+                    f"{path}: clients[{i}].concept: expected an index into concepts "
+                    f"(0..{len(self.concepts) - 1}), got {client.concept}"
+                )
+        if content_hash(self.files) != self.content_hash:
+            raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """`folder`'s manifest, refused with one line if it is missing, corrupt, of another format
+    version, incomplete, mistyped, or if its content hash does not match its shard hashes."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FedrcError(f"--data: {path} not found (run `fedrc partition` first)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrcError(f"{path}: corrupt manifest ({e})") from None
+    return Manifest.from_json(data, path)
