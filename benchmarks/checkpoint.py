@@ -63,12 +63,13 @@ def measure(args: argparse.Namespace, persistent: bool) -> dict:
     tic = time.perf_counter()
     save_checkpoint(run, out, '{"bench": 1}', 1, [1], [run.algorithm.omega_table()], logits)
     seconds = time.perf_counter() - tic
+    every = checkpoint_interval(config, run)
     run.momentum.close()
     result = {
         "checkpoint_mb": folder_bytes(out, "checkpoint.pt") / MB,
         "momentum_mb": folder_bytes(out, "checkpoint-momentum-*.npy") / MB,
         "seconds": seconds,
-        "every": checkpoint_interval(config, run),
+        "every": every,
     }
     shutil.rmtree(out, ignore_errors=True)
     return result
