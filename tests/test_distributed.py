@@ -2,10 +2,10 @@
 
 Each case trains the tiny synthetic benchmark once in this process and once with
 `torchrun --nproc-per-node 2 -m fedrc_cli train`, and compares metrics.jsonl (all but
-`seconds`) and model.pt. FedAvg and FedRC (the resume case) take the all-reduce path
-(`Algorithm.summed`), CFL (splitting) the path that sends every trained model to every rank. A
-distributed run stopped after round 2 and resumed with torchrun ends where the uninterrupted
-single-process run does.
+`seconds`) and model.pt. Every algorithm's contributions are all-reduced; CFL (splitting) also
+shares its members' updates (`Algorithm.shared_rows`) with every rank, one row at a time. A
+distributed run stopped after round 2 and resumed with torchrun (FedRC with persistent momentum,
+gathered into the checkpoint's snapshot) ends where the uninterrupted single-process run does.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ MEMORY_SHARE = 0.5  # of the free GPU memory that the automatic chunk size plans
 
 class BatchedExecutor(SequentialExecutor):
     """Same contract as `SequentialExecutor` (flat models, `train`, `logits`, `losses`), with
-    `train_many` and `logits` vectorised over tasks / model rows.
+    `stream` and `logits` vectorised over tasks / model rows.
 
     `chunk_tasks`: local trainings run at once (None: from free GPU memory, `CPU_CHUNK` on a
     CPU). `precision`: "fp32" (default) or "bf16" (CUDA autocast).
