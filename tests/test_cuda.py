@@ -1,0 +1,77 @@
+"""What only a GPU can show, run by `benchmarks/gpu_check.sh` (skipped where torch sees no GPU):
+the batched executor on CUDA against the sequential one for every algorithm, bf16 autocast,
+chunk sizing from free GPU memory, and a checkpoint written on CUDA resumed on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_metrics_close
+
+from pipeline import run_files as rf
+from pipeline.config import ALGORITHMS, PROXIMAL, TrainConfig
+from pipeline.engine import BatchedExecutor
+from pipeline.models import build_model
+from pipeline.stages import train_stage
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU"),
+]
+
+
+def config(data: Path, out: Path, algorithm: str, **extra) -> TrainConfig:
+    values = dict(rounds=2, local_epochs=1, batch_size=16, lr=0.05, clusters=2, eval_every=1)
+    if algorithm in PROXIMAL:
+        values["mu"] = 0.1
+    if algorithm.endswith("-cam"):
+        values["warmup_rounds"] = 1
+    return TrainConfig(data=str(data), algorithm=algorithm, out=str(out), **{**values, **extra})
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_batched_on_cuda_matches_sequential_on_cuda(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    runs = {}
+    for executor in ("sequential", "batched"):
+        out = tmp_path / executor
+        run = train_stage(config(tiny_data, out, algorithm, device="cuda", executor=executor))
+        runs[executor] = rf.read_metrics(run / rf.METRICS)
+        for row in runs[executor]:
+            row.pop("seconds")
+    assert_metrics_close(runs["sequential"], runs["batched"], loss_tolerance=1e-3)
+
+
+def test_bf16_autocast_trains_close_to_fp32(tiny_data: Path, tmp_path: Path) -> None:
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        values = dict(device="cuda", executor="batched", precision=precision)
+        run = train_stage(config(tiny_data, tmp_path / precision, "fedavg", **values))
+        losses[precision] = [r["train_loss"] for r in rf.read_metrics(run / rf.METRICS)]
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.05)
+    assert losses["bf16"] != losses["fp32"]  # autocast did run in bfloat16
+
+
+def test_chunk_size_follows_free_gpu_memory() -> None:
+    device = torch.device("cuda")
+    sgd = dict(lr=0.1, momentum=0.9, weight_decay=0.0, batch_size=128, local_epochs=1)
+    executor = BatchedExecutor(build_model((28, 28, 1), 10, "cnn"), device, **sgd, drop_last=False)
+    images = torch.zeros(4, 1, 28, 28, dtype=torch.uint8, device=device)
+    chunk = executor.auto_chunk(images)
+    free, _ = torch.cuda.mem_get_info(device)
+    per_task = 4 * 6 * executor.num_params  # the estimate's parameter part alone
+    assert 1 <= chunk <= free // per_task
+
+
+def test_cuda_checkpoint_resumes_on_the_cpu(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train_stage(config(tiny_data, out, "fedrc", device="cuda", rounds=1))
+    state = rf.load_state(out / rf.CHECKPOINT)  # read with map_location="cpu"
+    assert state["models"].device.type == "cpu"
+    train_stage(config(tiny_data, out, "fedrc", device="cpu", rounds=2), resume=True)
+    rows = rf.read_metrics(out / rf.METRICS)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert torch.isfinite(rf.load_state(out / rf.MODEL)["models"]).all()
