@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+from typing import Annotated
+
 import typer
 
 from fedrc_cli.evaluate import evaluate
@@ -20,6 +23,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"fedrc {metadata.version('fedrc')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=show_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Clustered federated learning under label, feature and concept shift."""
+
+
 app.command(no_args_is_help=False)(partition)
 app.command(no_args_is_help=False)(train)
 app.command("eval", no_args_is_help=False)(evaluate)

@@ -24,7 +24,7 @@ def info(
 ) -> None:
     """Describe a federated benchmark: who has which concept and style, sizes, label shift."""
     with user_errors():
-        description = describe(read_manifest(folder))
+        description = describe(read_manifest(folder, option="FOLDER"))
     if as_json:
         typer.echo(json.dumps(description, indent=2))
     else:

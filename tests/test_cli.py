@@ -66,7 +66,14 @@ def test_info_describes_a_benchmark_as_tables_and_json() -> None:
     described = json.loads(invoke("info", "d", "--json").output)
     assert described["participating"] == 12 and described["label_split"] == "n_class"
     assert described["label_heterogeneity"]["classes_per_client"]["max"] == 2
-    assert_one_line_error(invoke("info", "nowhere"), "manifest.json")
+    missing = invoke("info", "nowhere")
+    assert_one_line_error(missing, "manifest.json")
+    assert "FOLDER: nowhere" in missing.output and "--data" not in missing.output  # its argument
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip().startswith("fedrc 0.")
 
 
 def assert_one_line_error(result, culprit: str) -> None:

@@ -308,12 +308,13 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
 
 
-def read_manifest(folder: Path) -> Manifest:
+def read_manifest(folder: Path, option: str = "--data") -> Manifest:
     """`folder`'s manifest, refused with one line if it is missing, corrupt, of another format
-    version, incomplete, mistyped, or if its content hash does not match its shard hashes."""
+    version, incomplete, mistyped, or if its content hash does not match its shard hashes.
+    `option` is what the user gave the folder as, for the message when it is missing."""
     path = folder / MANIFEST
     if not path.is_file():
-        raise FedrcError(f"--data: {path} not found (run `fedrc partition` first)")
+        raise FedrcError(f"{option}: {path} not found (run `fedrc partition` first)")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
