@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,6 +113,113 @@ def user_errors() -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+# Why an output cannot be written, by errno; ENOSPC is not here: a full disk stays exit 1.
+UNWRITABLE = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+    errno.ENOENT: "cannot be created there (no such file or directory)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a file is in the way where a folder is needed",
+    errno.EISDIR: "a folder is in the way where a file is needed",
+}
+
+
+def _unwritable(path: Path, folder: bool, probe: bool = True) -> str | None:
+    """Why `path` (a folder if `folder`, else a file) cannot be written, or None.
+
+    Creates nothing that stays: it walks up to the nearest existing ancestor, which must be a
+    folder, writable and not on a read-only mount, and (with `probe`) creates and removes an
+    empty folder there, which finds what os.access misses for root (/proc, /sys, read-only
+    mounts).
+    """
+    node = path
+    while not os.path.lexists(node) and node.parent != node:
+        node = node.parent
+    if node == path:
+        if folder and not path.is_dir():
+            return "a file is in the way where a folder is needed"
+        if not folder and path.is_dir():
+            return "a folder is in the way where a file is needed"
+        places = [path.parent, *([path] if folder else [])]  # beside it (temporary), inside it
+    elif not node.is_dir():
+        return f"{node} is a file, not a folder"
+    else:
+        places = [node]
+    for place in places:
+        if not os.access(place, os.W_OK | os.X_OK):
+            return "permission denied"
+        if os.statvfs(place).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+        if probe:
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".fedrc-probe-", dir=place))
+            except OSError as e:
+                if e.errno in UNWRITABLE:
+                    return UNWRITABLE[e.errno]
+                # anything else (a full disk) is left to the write itself
+    return None
+
+
+def writable_output(option: str, path: Path | str, folder: bool = True) -> None:
+    """Refuse, before any work, an output path that cannot be written; writes nothing."""
+    reason = _unwritable(Path(path), folder)
+    if reason is not None:
+        raise FedrcError(f"{option}: {path}: {reason}")
+
+
+def _concerned(error: OSError, paths: tuple[Path | str, ...]) -> Path | str | None:
+    """Which of `paths` `error` is about writing: the path, a folder above it, its temporary
+    sibling, or (unless the error is a missing file) something inside it; None if none is."""
+    names = [n for n in (error.filename, error.filename2) if isinstance(n, str | bytes)]
+    if not names:
+        return paths[0]  # raised by a write that named no file
+    for name in names:
+        failed = Path(os.path.abspath(os.fsdecode(name)))
+        for path in paths:
+            target = Path(os.path.abspath(path))
+            if failed == target or failed in target.parents:
+                return path
+            if failed.parent == target.parent and failed.name.startswith(f".{target.name}."):
+                return path
+            if error.errno != errno.ENOENT and target in failed.parents:
+                return path
+    return None
+
+
+@contextmanager
+def writing(
+    option: str, *paths: Path | str, folder: bool = True, check: bool = True
+) -> Iterator[None]:
+    """The outputs `option` names: checked before the work (`writable_output`) if `check`, and
+    an error that only shows when writing them (a read-only mount) is one line, exit 2.
+
+    The stages write through temporary paths, so a refused write leaves the old output as it was.
+    """
+    for path in paths:
+        if check:
+            writable_output(option, path, folder)
+    new = [  # the folders a write may create, deepest first: removed again if it is refused
+        p
+        for path in map(Path, paths)
+        for p in ([path] if folder else []) + list(path.parents)
+        if not os.path.lexists(p)
+    ]
+    try:
+        yield
+    except OSError as e:
+        path = _concerned(e, paths) if e.errno in UNWRITABLE else None
+        if path is None:
+            raise
+        for created in new:
+            try:
+                created.rmdir()  # only if empty: what the command wrote before stays
+            except OSError:
+                break
+        reason = _unwritable(Path(path), folder, probe=False) or UNWRITABLE[e.errno]
+        raise FedrcError(f"{option}: {path}: {reason}") from None
 
 
 def split_list(value: str | None) -> list[str] | None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedrc_cli.common import ParamsOption, console, load_config, user_errors
+from fedrc_cli.common import ParamsOption, console, load_config, user_errors, writing
 from pipeline.config import EvalConfig
 from pipeline.stages import eval_stage
 
@@ -37,7 +37,11 @@ def evaluate(
         config = load_config(
             EvalConfig, params, run=str(run) if run else None, hard=hard, finetune=finetune
         )
-        result = eval_stage(config)
+        run = Path(config.run)
+        outputs = (run / "eval.json", run / "eval_clients.json")
+        # a missing or broken run is the stage's own one-line error, so check only a folder
+        with writing("--run", *outputs, folder=False, check=run.is_dir()):
+            result = eval_stage(config)
     tuned = ", fine-tuned" if result["finetune"] else ""
     table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")
     table.add_column("")

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from fedrc_cli.common import ParamsOption, console, load_config, split_list, user_errors
+from fedrc_cli.common import (
+    ParamsOption,
+    console,
+    load_config,
+    split_list,
+    user_errors,
+    writing,
+)
 from fedrc_cli.info import render
 from pipeline.config import PartitionConfig
 from pipeline.data.describe import describe
@@ -156,7 +163,8 @@ def partition(
             seed=seed,
             out=str(out) if out else None,
         )
-        with console.status(f"Partitioning {config.dataset} into {config.clients} clients…"):
+        status = f"Partitioning {config.dataset} into {config.clients} clients…"
+        with writing("--out", config.out), console.status(status):
             manifest = partition_stage(config)
     console.print(render(describe(manifest)))
     console.print(

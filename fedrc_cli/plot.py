@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedrc_cli.common import ParamsOption, console, load_config, user_errors
+from fedrc_cli.common import ParamsOption, console, load_config, user_errors, writing
 from pipeline.config import PlotConfig
 from pipeline.stages import plot_stage
 
@@ -20,6 +20,9 @@ def plot(
     """Draw the paper's Figure 3 style cluster map, accuracy curves and ω per client."""
     with user_errors():
         config = load_config(PlotConfig, params, run=str(run) if run else None, dpi=dpi)
-        paths = plot_stage(config)
+        run = Path(config.run)
+        # a missing or broken run is the stage's own one-line error, so check only a folder
+        with writing("--run", run / "plots", check=run.is_dir()):
+            paths = plot_stage(config)
     for path in paths:
         console.print(f"Wrote {path}")

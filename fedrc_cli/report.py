@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from fedrc_cli.common import console, fail, user_errors
+from fedrc_cli.common import console, fail, user_errors, writing
 from pipeline.report import build_report
 
 
@@ -37,7 +37,8 @@ def report(
     with user_errors():
         if not 20 <= dpi <= 600:
             raise fail(f"--dpi: expected an integer in [20, 600], got {dpi}")
-        rows = build_report(runs, out, dpi)
+        with writing("--out", out):
+            rows = build_report(runs, out, dpi)
     lrs = sorted({r["lr"] for r in rows})
     columns = ["algorithm", "seeds", "rounds", *(["lr"] if len(lrs) > 1 else [])]
     table = Table(

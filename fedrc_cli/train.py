@@ -24,6 +24,7 @@ from fedrc_cli.common import (
     is_terminal,
     load_config,
     user_errors,
+    writing,
 )
 from pipeline.config import ALGORITHMS, TrainConfig
 from pipeline.run_files import checkpoint_round
@@ -163,21 +164,22 @@ def train(
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         done: dict[str, Any] = {"round": None}
-        try:
-            if is_terminal():
-                run_with_progress(config, resume, overwrite, done)
-            else:
+        with writing("--out", config.out):
+            try:
+                if is_terminal():
+                    run_with_progress(config, resume, overwrite, done)
+                else:
 
-                def log(row: dict[str, Any]) -> None:
-                    if done["round"] is None:
-                        print(f"{config.algorithm} (K={config.num_models}) → {config.out}")
-                    done["round"] = row["round"]
-                    print(f"round {row['round']}/{config.rounds}  {describe(row)}", flush=True)
+                    def log(row: dict[str, Any]) -> None:
+                        if done["round"] is None:
+                            print(f"{config.algorithm} (K={config.num_models}) → {config.out}")
+                        done["round"] = row["round"]
+                        print(f"round {row['round']}/{config.rounds}  {describe(row)}", flush=True)
 
-                train_stage(config, resume=resume, overwrite=overwrite, on_round=log)
-        except (KeyboardInterrupt, Terminated) as e:
-            code = INTERRUPT_CODES[type(e)]
-            raise fail(stopped_message(e, config, done["round"]), code) from None
+                    train_stage(config, resume=resume, overwrite=overwrite, on_round=log)
+            except (KeyboardInterrupt, Terminated) as e:
+                code = INTERRUPT_CODES[type(e)]
+                raise fail(stopped_message(e, config, done["round"]), code) from None
     console.print(f"Done: {config.out}/metrics.jsonl, assignments.parquet, model.pt")
 
 
