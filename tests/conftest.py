@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -42,6 +43,17 @@ def tiny_runs(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         )
         runs[algorithm] = train_stage(config)
     return runs
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` with its SHA-256 ("dir" for folders): equal snapshots mean
+    that nothing was written, changed or left behind."""
+    return {
+        str(p.relative_to(root)): "dir"
+        if p.is_dir()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def assert_metrics_close(expected: list[dict], got: list[dict], loss_tolerance: float) -> None:

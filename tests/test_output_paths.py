@@ -10,13 +10,13 @@ denials are simulated by making the write raise.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import snapshot
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -53,15 +53,6 @@ def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(world, root)
     monkeypatch.chdir(root)
     return root
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): "dir"
-        if p.is_dir()
-        else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-    }
 
 
 def refused(*args: str, culprits: tuple[str, ...]) -> str:

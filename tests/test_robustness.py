@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import snapshot
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -68,15 +69,6 @@ def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(world, root)
     monkeypatch.chdir(root)
     return root
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): "dir"
-        if p.is_dir()
-        else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-    }
 
 
 def invoke(*args: str):
