@@ -133,6 +133,9 @@ def partition(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed: same seed, same bytes.")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder.")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a benchmark already in --out.")
+    ] = False,
     params: ParamsOption = None,
 ) -> None:
     """Split a dataset into clients with label, feature and concept shift (FedRC benchmark)."""
@@ -165,7 +168,7 @@ def partition(
         )
         status = f"Partitioning {config.dataset} into {config.clients} clients…"
         with writing("--out", config.out), console.status(status):
-            manifest = partition_stage(config)
+            manifest = partition_stage(config, overwrite=overwrite)
     console.print(render(describe(manifest)))
     console.print(
         f"Wrote [bold]{config.out}[/] (manifest.json + shards/); `fedrc info` shows this again"

@@ -14,7 +14,7 @@ from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
-from pipeline.data.records import Manifest, read_manifest
+from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest, load_federated
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
@@ -32,9 +32,28 @@ from pipeline.training import make_executor, resolve_device, run_training
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
 
 
-def partition_stage(config: PartitionConfig) -> Manifest:
-    """Build the benchmark and write it to `config.out` in one atomic step; returns the manifest."""
+def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifest:
+    """Build the benchmark and write it to `config.out` in one atomic step; returns the manifest.
+
+    A benchmark already in `config.out` is replaced only with `overwrite` (runs trained on it
+    would no longer evaluate); a folder holding anything else is never replaced."""
+    check_partition_out(Path(config.out), overwrite)
     return write_benchmark(config, load_dataset(config.dataset, config.data_root))
+
+
+def check_partition_out(out: Path, overwrite: bool) -> None:
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MANIFEST).is_file():
+        raise FedrcError(
+            f"--out: {out} is a folder with other files and no fedrc benchmark; choose another "
+            "--out (fedrc replaces only its own benchmarks)"
+        )
+    if not overwrite:
+        raise FedrcError(
+            f"--out: {out} already holds a benchmark; pass --overwrite to replace it (runs "
+            "trained on it will no longer evaluate)"
+        )
 
 
 def train_stage(config: TrainConfig, **kwargs: Any) -> Path:

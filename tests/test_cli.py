@@ -269,3 +269,18 @@ def test_params_file_drives_the_stage(tmp_path: Path) -> None:
     manifest = json.loads(Path("fromfile/manifest.json").read_text())
     assert manifest["num_participating"] == 10
     assert json.loads(Path("fromfile/config.json").read_text())["samples_per_client"] == 40
+
+
+def test_partition_does_not_replace_a_benchmark_without_overwrite() -> None:
+    assert invoke("partition", *TINY, "--out", "d").exit_code == 0
+    before = (Path("d") / "manifest.json").read_bytes()
+    refused = invoke("partition", *TINY, "--seed", "1", "--out", "d")
+    assert_one_line_error(refused, "--overwrite")
+    assert (Path("d") / "manifest.json").read_bytes() == before  # the benchmark is untouched
+    assert invoke("partition", *TINY, "--seed", "1", "--out", "d", "--overwrite").exit_code == 0
+    assert (Path("d") / "manifest.json").read_bytes() != before
+    Path("other").mkdir()
+    (Path("other") / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):  # a folder that is not a benchmark is never replaced
+        assert_one_line_error(invoke("partition", *TINY, "--out", "other", *extra), "other")
+    assert (Path("other") / "notes.txt").read_text() == "mine"

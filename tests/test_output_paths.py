@@ -148,7 +148,8 @@ def test_an_error_when_writing_is_one_line_and_leaves_outputs_alone(here, monkey
     before = snapshot(here)
     with monkeypatch.context() as m:
         m.setattr(shards.pq, "write_table", raising(code))
-        line = refused("partition", *PART_ARGS, "--out", "d", culprits=("--out", "d", reason))
+        args = ("partition", *PART_ARGS, "--out", "d", "--overwrite")
+        line = refused(*args, culprits=("--out", "d", reason))
         assert line == f"Error: --out: d: {reason}"
     with monkeypatch.context() as m:
         m.setattr(Path, "mkdir", raising(code))

@@ -145,7 +145,8 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path: Path) -> None:
                 holdout_samples=100,
                 seed=seed,
                 out=str(out),
-            )
+            ),
+            overwrite=True,  # "a" is built twice
         )
         h = hashlib.sha256()
         for f in [*sorted((out / "shards").iterdir()), out / "manifest.json"]:

@@ -525,8 +525,8 @@ def test_sigterm_in_any_stage_is_one_line_and_exit_143(here: Path, monkeypatch, 
     }[command]
     real = getattr(module, stage)
 
-    def killed_midway(config):
-        real(config)  # writes its output (atomically) ...
+    def killed_midway(config, **options):
+        real(config, **options)  # writes its output (atomically) ...
         os.kill(os.getpid(), signal.SIGTERM)  # ... and a scheduler stops the job before exit
 
     monkeypatch.setattr(module, stage, killed_midway)
