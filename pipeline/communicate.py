@@ -31,7 +31,6 @@ class Communicator:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.traffic = {"all_reduce": 0, "all_gather": 0, "broadcast": 0}
 
     @property
     def is_main(self) -> bool:

@@ -66,6 +66,7 @@ class Group(Communicator):
     def __init__(self, rank: int, size: int, device: torch.device) -> None:
         super().__init__(device)
         self.rank, self.size = rank, size
+        self.traffic = {"all_reduce": 0, "all_gather": 0, "broadcast": 0}
         self.owner: dict[int, int] = {}
 
     def place_clients(self, participating: list[int], held_out: list[int]) -> None:
