@@ -122,8 +122,10 @@ class Algorithm(ABC):
         self._totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        """Σ_i w_ik θ_ik and Σ_i w_ik per row k."""
-        self._sums[task.model] += task.weight * result.params
+        """Σ_i w_ik θ_ik and Σ_i w_ik per row k. `add_` with `alpha` multiplies and adds in the
+        sums' float64 in one pass: half the time of `+= w * θ`, which makes a float32 product
+        first (3,000 folds a round at 1,000 clients, benchmarks/scale.py)."""
+        self._sums[task.model].add_(result.params, alpha=task.weight)
         self._totals[task.model] += task.weight
 
     def contributions(self) -> list[torch.Tensor]:

@@ -132,7 +132,7 @@ class CFL(HardClustering):
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         update = result.params - self._start[task.model]
-        self._sums[task.model] += task.weight * update
+        self._sums[task.model].add_(update, alpha=task.weight)
         self._totals[task.model] += task.weight
         self._member[client] = task.model + 1
         self._weight[client] = task.weight

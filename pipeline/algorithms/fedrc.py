@@ -164,7 +164,7 @@ class FedRC(FedEM):
         super().fold(client, task, result)
         if self.settings.shared_body:
             mass = float(task.weights.sum())
-            self._body_sum += mass * result.params
+            self._body_sum.add_(result.params, alpha=mass)
             self._body_mass += mass
 
     def contributions(self) -> list[torch.Tensor]:
