@@ -41,6 +41,11 @@ class Communicator:
         """Whether this place holds `client`'s data (and trains and scores it)."""
         return True
 
+    def present(self, clients: list[int]) -> list[int]:
+        """Those of a round's sampled `clients` that can take part: all of them here and under
+        torchrun; in a Flower deployment, those whose node is connected."""
+        return clients
+
     def place_clients(self, participating: list[int], held_out: list[int]) -> None:
         """Decide which place holds which client (before the data is loaded)."""
 

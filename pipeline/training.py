@@ -43,6 +43,9 @@ from pipeline.momentum import MomentumStore
 from pipeline.resolve import recorded_identity
 
 RoundCallback = Callable[[dict[str, Any]], None]
+# builds a run's executor from its config and data: `make_executor` runs on this process's
+# device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
+ExecutorFactory = Callable[[TrainConfig, FederatedData, torch.device], SequentialExecutor]
 CHECKPOINT_BUDGET = 512 * 2**20  # bytes a checkpoint may write per round when not told how often
 
 
@@ -113,11 +116,15 @@ class Run:
 
 
 def build_run(
-    config: TrainConfig, data: FederatedData, comm: Communicator, out: Path | None = None
+    config: TrainConfig,
+    data: FederatedData,
+    comm: Communicator,
+    out: Path | None = None,
+    executor_factory: ExecutorFactory = make_executor,
 ) -> Run:
     """The executor, the algorithm, the K initial models and (with `persistent_momentum`, in
     `out`) the momentum store."""
-    executor = make_executor(config, data, comm.device)
+    executor = executor_factory(config, data, comm.device)
     algorithm = build_algorithm(
         config, len(data.clients), data.num_classes, head_range(executor.model)
     )
@@ -133,6 +140,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
     config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
+    sampled = comm.present(sampled)  # a client whose node is away sits the round out
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
     algorithm.begin_round(run.models)
@@ -332,23 +340,28 @@ def train_run(
     resume: bool,
     overwrite: bool,
     on_round: RoundCallback | None,
+    data: FederatedData | None = None,
+    executor_factory: ExecutorFactory = make_executor,
 ) -> Path:
+    """The run on this place; `data` and `executor_factory` are given where the samples are
+    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes)."""
     out, main = Path(config.out), comm.is_main
-    # Every step that can fail on one place only is agreed on: all places raise its error.
-    manifest = comm.agree(lambda: read_manifest(Path(config.data)))
-    comm.place_clients(manifest.participating, manifest.held_out)
-    mine = (
-        None
-        if comm.size == 1
-        else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
-    )
-    data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
+    if data is None:
+        # Every step that can fail on one place only is agreed on: all places raise its error.
+        manifest = comm.agree(lambda: read_manifest(Path(config.data)))
+        comm.place_clients(manifest.participating, manifest.held_out)
+        mine = (
+            None
+            if comm.size == 1
+            else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
+        )
+        data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
     comm.agree(lambda: prepare_run_dir(out, resume, overwrite), everywhere=False)
     digest = data_digest(data.manifest)
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
-    run = comm.agree(lambda: build_run(config, data, comm, out))
+    run = comm.agree(lambda: build_run(config, data, comm, out, executor_factory))
     live = None
     try:
         start, cached, eval_rounds, history = 0, None, [], []
