@@ -21,12 +21,26 @@ from pipeline.engine import SequentialExecutor
 
 
 def all_logits(
-    executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    clients: list[int] | None = None,
 ) -> torch.Tensor:
-    """(R, N, classes) logits for every row here; each distinct image goes through a model once."""
+    """(R, N, classes) logits for every row here, or only for the rows of `clients` (zeros
+    elsewhere: a Flower server whose node is away); each distinct image goes through a model
+    once."""
     if not len(data.distinct):  # a place with no clients (more ranks than clients)
         return models.new_zeros((models.shape[0], 0, data.num_classes))
-    return executor.logits(models, data.images[data.distinct])[:, data.inverse]
+    if clients is None or len(clients) == len(data.clients):
+        return executor.logits(models, data.images[data.distinct])[:, data.inverse]
+    rows = torch.cat(
+        [torch.arange(data.train_slices[c].start, data.test_slices[c].stop) for c in clients]
+    )
+    needed, position = torch.unique(data.inverse[rows], return_inverse=True)
+    part = executor.logits(models, data.images[data.distinct[needed]])
+    out = part.new_zeros((models.shape[0], data.inverse.numel(), part.shape[-1]))
+    out[:, rows] = part[:, position]
+    return out
 
 
 def personal_logits(
@@ -65,9 +79,10 @@ def score_clients(
     own: dict[int, torch.Tensor],
     clients: list[int],
 ) -> torch.Tensor:
-    """(all clients, 2) train and test accuracy of `clients` (zero elsewhere), each predicting
-    with its row of ω, or with its own models' logits on its rows where `own` has them."""
-    table = torch.zeros((len(data.clients), 2), dtype=torch.float64)
+    """(all clients, 3) train and test accuracy of `clients` and a 1 that says it was scored
+    (zeros elsewhere), each predicting with its row of ω, or with its own models' logits on its
+    rows where `own` has them."""
+    table = torch.zeros((len(data.clients), 3), dtype=torch.float64)
     for client in clients:
         train, test = data.train_slices[client], data.test_slices[client]
         mine = own.get(client)
@@ -79,16 +94,22 @@ def score_clients(
             else:
                 pred = predictions(logits[:, rows], omega[client], hard)
             table[client, column] = float((pred == data.labels[rows]).float().mean())
+        table[client, 2] = 1.0
     return table
 
 
 def summarize(data: FederatedData, table: torch.Tensor) -> dict[str, Any]:
     """Client-averaged train / local / global accuracy and the global accuracy per concept,
-    from a (clients, 2) table of train and test accuracies."""
-    part, held = data.participating, data.held_out
+    from a (clients, 3) table of train and test accuracies of the clients that were scored;
+    `clients_scored` says how many when some were not (their node was away)."""
+    scored = table[:, 2] > 0
+    part = [c for c in data.participating if scored[c]]
+    held = [c for c in data.held_out if scored[c]]
     scores = table.tolist()
     by_concept = {data.manifest.concept_name(h): scores[h][1] for h in held}
+    missing = {} if bool(scored.all()) else {"clients_scored": int(scored.sum())}
     return {
+        **missing,
         "train_accuracy": float(np.mean([scores[i][0] for i in part])),
         "local_accuracy": float(np.mean([scores[i][1] for i in part])),
         "global_accuracy": float(np.mean([scores[h][1] for h in held])),
@@ -101,7 +122,7 @@ def fit_held_out(
 ) -> None:
     """Every non-participating client fits its ω on its labelled part (on every place, in
     client order, from the losses that the client's own place computed)."""
-    held = data.held_out
+    held = comm.present(data.held_out)
     sizes = {h: data.clients[h].train_size for h in held}
     losses, labels = {}, {}
     for h in held:
@@ -126,11 +147,11 @@ def evaluate_round(
     """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
     own place. Also returns the raw logits (R, N, classes) of every model row on this place's
     rows: the participating clients' training rows are what the next round's E-step needs."""
-    raw = all_logits(executor, models, data)
+    mine = [c for c in comm.present(list(range(len(data.clients)))) if comm.owns(c)]
+    raw = all_logits(executor, models, data, mine)
     logits = algorithm.combine_logits(raw)
     fit_held_out(algorithm, logits, data, comm)
     omega = algorithm.omega_table()
-    mine = [c for c in range(len(data.clients)) if comm.owns(c)]
     own = personal_logits(algorithm, executor, data, mine)
     tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]
     comm.sum(tables)

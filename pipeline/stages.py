@@ -157,7 +157,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
             "test_accuracy": test,
             "omega": [round(float(w), 6) for w in omega[i]],
         }
-        for i, (c, (train, test)) in enumerate(zip(data.clients, table.tolist()))
+        for i, (c, (train, test, _)) in enumerate(zip(data.clients, table.tolist()))
     ]
     require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
     with atomic_files(run / "eval.json", run / "eval_clients.json") as (tmp, tmp_clients):

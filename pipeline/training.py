@@ -392,6 +392,8 @@ def train_run(
             cached = None
             if round_ % config.eval_every == 0 or round_ == config.rounds:
                 scores, cached = evaluation_checked(run, round_)
+                if "clients_scored" in scores:  # an absent node's rows were not computed
+                    cached = None
                 row.update(scores)
                 eval_rounds.append(round_)
                 history.append(run.algorithm.omega_table().float())
