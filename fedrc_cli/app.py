@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from fedrc_cli.evaluate import evaluate
+from fedrc_cli.flower import flower
 from fedrc_cli.info import info
 from fedrc_cli.partition import partition
 from fedrc_cli.plot import plot
@@ -47,6 +48,7 @@ app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
 app.command(no_args_is_help=False)(info)
 app.command(no_args_is_help=True)(report)
+app.add_typer(flower)
 
 
 def main() -> None:

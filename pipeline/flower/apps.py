@@ -1,0 +1,89 @@
+"""fedrc's Flower apps, named in the app's pyproject.toml (`fedrc flower app` writes it):
+
+    serverapp = "pipeline.flower.apps:server_app"
+    clientapp = "pipeline.flower.apps:client_app"
+
+The ServerApp reads the run config (`fedrc-train`: the resolved `train:` section as JSON, and
+the deployment keys of `appconfig.Deployment`); a ClientApp reads its node config:
+`fedrc-data` (the benchmark folder on that machine), `fedrc-clients` (the client ids whose
+shards it holds: "3", "0,4,7" or "all"; default all) and `fedrc-device` (auto, cpu, cuda).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from pipeline.errors import FedrcError
+from pipeline.flower import node, wire
+from pipeline.flower.appconfig import Deployment, train_config_from_json
+from pipeline.flower.server import serve
+
+log = logging.getLogger("fedrc.flower")
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    values = context.run_config
+    try:
+        config = train_config_from_json(str(values["fedrc-train"]))
+        deployment = Deployment(
+            wait=float(values.get("fedrc-wait", Deployment.wait)),
+            timeout=float(values.get("fedrc-timeout", Deployment.timeout)),
+            on_node_loss=str(values.get("fedrc-on-node-loss", Deployment.on_node_loss)),
+        )
+        out = serve(
+            grid,
+            config,
+            deployment,
+            bool(values.get("fedrc-resume", False)),
+            bool(values.get("fedrc-overwrite", False)),
+        )
+    except FedrcError as e:
+        log.error("fedrc: error: %s", e)
+        raise SystemExit(2) from None
+    log.info("fedrc: run written to %s", out)
+
+
+def _answer(message: Message, context: Context, work) -> Message:
+    """Run `work(node_data, executor)` for this node; a fedrc error travels back as one line."""
+    settings = context.node_config
+    try:
+        folder = str(settings["fedrc-data"])
+    except KeyError:
+        return Message(
+            wire.failure("node config has no fedrc-data (the benchmark folder)"), reply_to=message
+        )
+    clients = str(settings.get("fedrc-clients", "all"))
+    try:
+        data = node.node_data(folder, clients)
+        if work is None:
+            return Message(data.hello(), reply_to=message)
+        device = str(settings.get("fedrc-device", "auto"))
+        executor = node.node_executor(
+            str(context.run_config["fedrc-train"]), folder, clients, device
+        )
+        return Message(work(data, executor, message.content), reply_to=message)
+    except FedrcError as e:
+        return Message(wire.failure(str(e)), reply_to=message)
+
+
+@client_app.query("hello")
+def hello(message: Message, context: Context) -> Message:
+    return _answer(message, context, None)
+
+
+@client_app.query("logits")
+def logits(message: Message, context: Context) -> Message:
+    return _answer(message, context, node.answer_logits)
+
+
+@client_app.train("fedrc")
+def train(message: Message, context: Context) -> Message:
+    return _answer(message, context, node.answer_train)

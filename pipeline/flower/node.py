@@ -1,0 +1,124 @@
+"""A SuperNode's side: the shards of the clients it holds, and the work the server asks for.
+
+A node learns from its node config which benchmark folder it reads and which clients it holds
+(`fedrc-data`, `fedrc-clients`: "3", "0,4,7" or "all"). Rows are named by their position in
+the whole benchmark (participating clients first, each client's training rows then its test
+rows, as `load_federated` lays them out), so the server can address any sample without holding
+a pixel; the node maps them onto the rows it loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.data.shards import FederatedData, load_federated, read_manifest
+from pipeline.engine import SequentialExecutor
+from pipeline.engine.sequential import NonFiniteLoss
+from pipeline.errors import FedrcError
+from pipeline.flower import wire
+from pipeline.training import make_executor, resolve_device
+
+
+def global_starts(data: FederatedData) -> np.ndarray:
+    """The first global row of every client (the layout of the whole benchmark)."""
+    sizes = [c.size for c in data.clients]
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def parse_clients(value: str, total: int) -> list[int]:
+    if value.strip() == "all":
+        return list(range(total))
+    try:
+        clients = sorted({int(part) for part in value.split(",") if part.strip()})
+    except ValueError:
+        raise FedrcError(
+            f"fedrc-clients: expected client ids like '0,4,7' or 'all', got {value!r}"
+        ) from None
+    bad = [c for c in clients if not 0 <= c < total]
+    if bad or not clients:
+        raise FedrcError(
+            f"fedrc-clients: {bad or value!r} not among the benchmark's {total} clients"
+        )
+    return clients
+
+
+class NodeData:
+    """The node's clients' rows, and the map from global row ids to the rows loaded here."""
+
+    def __init__(self, folder: Path, clients: str) -> None:
+        manifest = read_manifest(folder)
+        self.folder = folder
+        self.clients = parse_clients(clients, len(manifest.clients))
+        self.data = load_federated(folder, set(self.clients))
+        self.content_hash = manifest.content_hash
+        starts = global_starts(self.data)
+        total = int(sum(c.size for c in self.data.clients))
+        self.local = torch.full((total,), -1, dtype=torch.int64)
+        for client in self.clients:
+            here = self.data.train_slices[client].start
+            size = self.data.clients[client].size
+            first = int(starts[client])
+            self.local[first : first + size] = torch.arange(here, here + size)
+
+    def rows(self, global_rows: torch.Tensor) -> torch.Tensor:
+        local = self.local[global_rows]
+        if bool((local < 0).any()):
+            missing = int(global_rows[local < 0][0])
+            raise FedrcError(f"row {missing} is not held by this node ({self.folder})")
+        return local
+
+    def hello(self) -> wire.RecordDict:
+        global_rows = torch.cat(
+            [
+                torch.arange(s, s + self.data.clients[c].size)
+                for c, s in zip(self.clients, global_starts(self.data)[self.clients])
+            ]
+        )
+        labels = self.data.labels[self.rows(global_rows)]
+        return wire.hello_reply(self.content_hash, self.clients, labels, str(self.folder))
+
+
+@functools.lru_cache(maxsize=2)
+def node_data(folder: str, clients: str) -> NodeData:
+    """Loaded once per ClientApp process and node config, not once per message."""
+    return NodeData(Path(folder), clients)
+
+
+@functools.lru_cache(maxsize=2)
+def node_executor(config_json: str, folder: str, clients: str, device: str) -> SequentialExecutor:
+    from pipeline.flower.appconfig import train_config_from_json
+
+    config = train_config_from_json(config_json)
+    data = node_data(folder, clients).data
+    return make_executor(config, data, resolve_device(device))
+
+
+def answer_logits(node: NodeData, executor: SequentialExecutor, content: wire.RecordDict):
+    models, rows = wire.read_logits_request(content)
+    images = node.data.images[node.rows(rows)].to(executor.device)
+    return wire.logits_reply(executor.logits(models.to(executor.device), images).float().cpu())
+
+
+def answer_train(node: NodeData, executor: SequentialExecutor, content: wire.RecordDict):
+    """The client's tasks through the node's executor (batched on a GPU, one by one on a CPU)."""
+    jobs = wire.read_train_request(content)
+    device, work = executor.device, []
+    for job in jobs:
+        local, task = node.rows(job.rows), job.task
+        for name in ("start", "weights", "anchor", "offset"):
+            value = getattr(task, name)
+            if value is not None:
+                setattr(task, name, value.to(device))
+        images, labels = node.data.images[local].to(device), node.data.labels[local].to(device)
+        work.append((task, images, labels, job.seed))
+    try:
+        results = [result for _, result in executor.stream(work)]
+    except NonFiniteLoss as e:
+        return wire.failure(f"client {e.job[0].client}, model {e.job[0].model}: {e}", True)
+    for result in results:
+        result.params = result.params.cpu()
+    return wire.train_reply(results)

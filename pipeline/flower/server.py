@@ -1,0 +1,336 @@
+"""The fedrc server on Flower: fedrc's round loop, with the clients' samples on SuperNodes.
+
+The ServerApp runs `pipeline.training.train_run` unchanged. Two things differ from one process:
+
+- its `FederatedData` holds global row ids where images would be (`server_data`): labels and
+  the benchmark's layout come from the manifest and the nodes' hellos, pixels never leave a node;
+- its executor (`RemoteExecutor`) answers `logits` and `stream` by asking the nodes that hold
+  those rows (`Nodes.exchange`), so every E-step, local training and evaluation runs on a node,
+  while the algorithm (assignment, aggregation, its state) runs here, exactly as in `fedrc train`.
+
+What a node uploads is what the loop needs from a place: logits on its rows (from which the
+server's E-step computes losses and, with the labels, FedRC's label tables) and trained models.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+
+from pipeline.communicate import Communicator
+from pipeline.config import TrainConfig
+from pipeline.data.records import Manifest
+from pipeline.data.shards import FederatedData
+from pipeline.engine import SequentialExecutor
+from pipeline.engine.sequential import NonFiniteLoss
+from pipeline.engine.task import Job, LocalResult
+from pipeline.errors import FedrcError
+from pipeline.flower import wire
+from pipeline.flower.appconfig import Deployment
+from pipeline.models import build_model
+
+log = logging.getLogger("fedrc.flower")
+WINDOW = 2  # requests in flight per node: one being worked on, one waiting in the SuperLink
+MESSAGE_TASKS = 12  # local trainings per message (K = 3: four clients of a node)
+
+
+class NodeLost(FedrcError):
+    pass
+
+
+class Nodes:
+    """The run's SuperNodes, the clients each holds, and request / reply with time limits."""
+
+    def __init__(self, grid, manifest: Manifest, deployment: Deployment) -> None:
+        self.grid, self.manifest, self.deployment = grid, manifest, deployment
+        self.holder: dict[int, int] = {}  # client → node id
+        self.labels: dict[int, torch.Tensor] = {}  # client → labels of its rows
+        self.lost: set[int] = set()  # nodes that stopped answering during this run
+        self.traffic = {"sent": 0, "received": 0}  # bytes of records, both ways
+
+    def clients_of(self, node: int) -> list[int]:
+        return [c for c, n in self.holder.items() if n == node]
+
+    def connected(self) -> set[int]:
+        return set(self.grid.get_node_ids()) - self.lost
+
+    def greet(self, nodes: Iterable[int]) -> None:
+        """Ask new nodes what they hold; refuse one that holds another benchmark."""
+        requests = [(node, wire.HELLO, RecordDict()) for node in nodes]
+        for (node, *_), content in self.exchange(requests, "hello"):
+            hello = wire.read_hello(content)
+            if hello.content_hash != self.manifest.content_hash:
+                raise FedrcError(
+                    f"node {node} ({hello.where}): its shards belong to another benchmark "
+                    f"(content hash {hello.content_hash[:12]}, this run's is "
+                    f"{self.manifest.content_hash[:12]})"
+                )
+            offset = 0
+            for client in hello.clients:
+                size = self.manifest.clients[client].size
+                self.labels[client] = hello.labels[offset : offset + size]
+                self.holder[client] = node
+                offset += size
+
+    def connect(self) -> None:
+        """Wait (`fedrc-wait` seconds) until the connected nodes hold every client."""
+        deadline = time.monotonic() + self.deployment.wait
+        everyone = set(range(len(self.manifest.clients)))
+        while True:
+            new = self.connected() - set(self.holder.values())
+            if new:
+                self.greet(sorted(new))
+            missing = everyone - set(self.holder)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise FedrcError(
+                    f"fedrc-wait: after {self.deployment.wait:g} s no connected node holds "
+                    f"clients {sorted(missing)[:10]}{' …' if len(missing) > 10 else ''} "
+                    f"({len(self.connected())} node(s) connected)"
+                )
+            time.sleep(0.5)
+
+    def refresh(self) -> None:
+        """Forget nodes that left; greet nodes that (re)joined."""
+        online = self.connected()
+        for client, node in list(self.holder.items()):
+            if node not in online:
+                del self.holder[client]
+        new = online - set(self.holder.values())
+        if new:
+            self.greet(sorted(new))
+
+    def exchange(
+        self, requests: list[tuple[int, str, RecordDict]], phase: str
+    ) -> Iterator[tuple[tuple[int, str, RecordDict], RecordDict]]:
+        """Each (node, message type, content) request with its reply's content, as replies
+        arrive, at most `WINDOW` in flight per node. A node that answers with an error or not
+        within `fedrc-timeout` seconds is lost: in local training with `fedrc-on-node-loss:
+        continue` its remaining requests are dropped, otherwise the run stops with one line."""
+        queues: dict[int, list[int]] = defaultdict(list)
+        for index, (node, *_) in enumerate(requests):
+            queues[node].append(index)
+        pending: dict[str, tuple[int, float]] = {}  # message id → (request, deadline)
+        busy: dict[int, int] = defaultdict(int)
+        pause = 0.01
+        while queues or pending:
+            outgoing = []
+            for node, queue in list(queues.items()):
+                while queue and busy[node] < WINDOW:
+                    index = queue.pop(0)
+                    outgoing.append(index)
+                    busy[node] += 1
+                if not queue:
+                    del queues[node]
+            if outgoing:
+                messages = []
+                for index in outgoing:
+                    node, kind, content = requests[index]
+                    self.traffic["sent"] += record_bytes(content)
+                    messages.append(Message(content, dst_node_id=node, message_type=kind))
+                ids = self.grid.push_messages(messages)
+                deadline = time.monotonic() + self.deployment.timeout
+                for index, message_id in zip(outgoing, ids):
+                    if message_id is None:
+                        self.lose(
+                            requests[index][0],
+                            phase,
+                            "the SuperLink refused the message",
+                            queues,
+                            pending,
+                            requests,
+                        )
+                    else:
+                        pending[message_id] = (index, deadline)
+            replies = list(self.grid.pull_messages(list(pending))) if pending else []
+            for reply in replies:
+                index, _ = pending.pop(reply.metadata.reply_to_message_id)
+                node = requests[index][0]
+                busy[node] -= 1
+                if reply.has_error():
+                    self.lose(node, phase, reply.error.reason, queues, pending, requests)
+                    continue
+                self.traffic["received"] += record_bytes(reply.content)
+                error = wire.failed(reply.content)
+                if error is not None and not error[1]:  # a diverged training is the loop's
+                    raise FedrcError(f"node {node}: {error[0]}")
+                yield requests[index], reply.content
+            now = time.monotonic()
+            for message_id, (index, deadline) in list(pending.items()):
+                if now > deadline and message_id in pending:
+                    node = requests[index][0]
+                    reason = f"no answer within fedrc-timeout ({self.deployment.timeout:g} s)"
+                    self.lose(node, phase, reason, queues, pending, requests)
+            pause = 0.01 if replies else min(pause * 2, 0.5)
+            if not replies:
+                time.sleep(pause)
+
+    def lose(self, node, phase, reason, queues, pending, requests) -> None:
+        clients = self.clients_of(node)
+        shown = f"{clients[:10]}{' …' if len(clients) > 10 else ''}"
+        line = f"node {node} (clients {shown}) was lost during {phase}: {reason}"
+        if phase != "local training" or self.deployment.on_node_loss == "stop":
+            raise NodeLost(f"{line}; resume with fedrc-resume=true once it is back")
+        log.warning("%s; the round finishes without it", line)
+        self.lost.add(node)
+        queues.pop(node, None)
+        for message_id, (index, _) in list(pending.items()):
+            if requests[index][0] == node:
+                del pending[message_id]
+        for client in clients:
+            del self.holder[client]
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Bytes of a message's arrays and scalars as Flower counts them."""
+    return sum(record.count_bytes() for record in content.values())
+
+
+class FlowerPlace(Communicator):
+    """The server: the only place, holding every client through the connected nodes."""
+
+    def __init__(self, nodes: Nodes) -> None:
+        super().__init__(torch.device("cpu"))
+        self.nodes = nodes
+
+    def present(self, clients: list[int]) -> list[int]:
+        self.nodes.refresh()
+        return [c for c in clients if c in self.nodes.holder]
+
+
+def global_layout(manifest: Manifest) -> tuple[list[slice], list[slice], torch.Tensor]:
+    """Train and test slices of every client in the whole benchmark, and each row's client."""
+    train, test, owner, offset = [], [], [], 0
+    for client in manifest.clients:
+        train.append(slice(offset, offset + client.train_size))
+        test.append(slice(offset + client.train_size, offset + client.size))
+        owner.append(np.full(client.size, client.client_id))
+        offset += client.size
+    return train, test, torch.from_numpy(np.concatenate(owner).astype(np.int64))
+
+
+def server_data(manifest: Manifest, labels: dict[int, torch.Tensor]) -> FederatedData:
+    """The benchmark as the server sees it: `images` holds each row's global id."""
+    train, test, _ = global_layout(manifest)
+    rows = torch.arange(test[-1].stop if test else 0)
+    ordered = torch.cat([labels[c] for c in range(len(manifest.clients))]).to(torch.int64)
+    return FederatedData(rows, ordered, train, test, manifest, rows, rows)
+
+
+class RemoteExecutor(SequentialExecutor):
+    """An executor whose samples live on the nodes: its `images` are global row ids.
+
+    The model it holds serves only for the layout (initial models, parameter counts)."""
+
+    def __init__(self, config: TrainConfig, manifest: Manifest, nodes: Nodes) -> None:
+        model = build_model(
+            manifest.image_shape, manifest.num_classes, config.model, config.model_settings
+        )
+        super().__init__(
+            model,
+            torch.device("cpu"),
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            batch_size=config.batch_size,
+            local_epochs=config.local_epochs,
+            drop_last=config.drop_last,
+        )
+        self.nodes = nodes
+        self.row_client = global_layout(manifest)[2]
+
+    def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """Logits on global rows `images`, each node computing those of the rows it holds."""
+        rows = images
+        if rows.numel() == 0:
+            return torch.zeros(models.shape[0], 0, 0)
+        clients = self.row_client[rows]
+        positions: dict[int, list[torch.Tensor]] = defaultdict(list)  # node id → positions
+        for client in clients.unique().tolist():
+            node = self.nodes.holder.get(client)
+            if node is None:
+                raise NodeLost(f"client {client}: no connected node holds it")
+            positions[node].append(torch.nonzero(clients == client).squeeze(1))
+        where = {node: torch.cat(parts) for node, parts in positions.items()}
+        requests = [
+            (n, wire.LOGITS, wire.logits_request(models, rows[p])) for n, p in where.items()
+        ]
+        out = None
+        for (node, *_), content in self.nodes.exchange(requests, "logits"):
+            part = wire.read_logits(content)
+            if out is None:
+                out = part.new_empty((models.shape[0], rows.numel(), part.shape[-1]))
+            out[:, where[node]] = part
+        return out
+
+    def stream(self, jobs: Iterable[Job]) -> Iterator[tuple[Job, LocalResult]]:
+        """Each node trains its clients' tasks, up to `MESSAGE_TASKS` in one message (a
+        message costs a ClientApp start on the node); results are yielded as replies come."""
+        by_node: dict[int, list[list[Job]]] = defaultdict(list)
+        for job in jobs:
+            batches = by_node[self.nodes.holder[job[0].client]]
+            if not batches or len(batches[-1]) == MESSAGE_TASKS:
+                batches.append([])
+            batches[-1].append(job)
+        batches = [(node, batch) for node, batch_list in by_node.items() for batch in batch_list]
+        requests = [
+            (node, wire.TRAIN, wire.train_request([wire.TrainJob(t, r, s) for t, r, _, s in batch]))
+            for node, batch in batches
+        ]
+        batch_of = {id(request[2]): batch for request, (_, batch) in zip(requests, batches)}
+        for request, content in self.nodes.exchange(requests, "local training"):
+            batch = batch_of[id(request[2])]
+            error = wire.failed(content)
+            if error is not None:
+                raise NonFiniteLoss(error[0], job=batch[0])
+            yield from zip(batch, wire.read_train_reply(content))
+
+
+def remote_executor(nodes: Nodes):
+    """An `ExecutorFactory` for `train_run`."""
+
+    def factory(config: TrainConfig, data: FederatedData, device: torch.device) -> RemoteExecutor:
+        return RemoteExecutor(config, data.manifest, nodes)
+
+    return factory
+
+
+def check_config(config: TrainConfig) -> None:
+    if config.persistent_momentum:
+        raise FedrcError(
+            "persistent_momentum: not available on Flower (each client's momentum would have "
+            "to stay on its node); set train.persistent_momentum: false"
+        )
+
+
+def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overwrite: bool) -> Path:
+    """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
+    from pipeline.data.shards import read_manifest
+    from pipeline.training import train_run
+
+    check_config(config)
+    manifest = read_manifest(Path(config.data))
+    nodes = Nodes(grid, manifest, deployment)
+    nodes.connect()
+    data = server_data(manifest, nodes.labels)
+    place = FlowerPlace(nodes)
+
+    def report(row: dict) -> None:
+        shown = {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in row.items()
+            if not isinstance(v, dict)
+        }
+        log.info("round %s/%s %s", row["round"], config.rounds, shown)
+
+    out = train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))
+    log.info("traffic: %s", nodes.traffic)
+    return out

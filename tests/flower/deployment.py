@@ -1,0 +1,153 @@
+"""A real Flower deployment on 127.0.0.1: one SuperLink and N SuperNodes as separate processes
+(insecure mode, free ports), runs started with `flwr run`, every process stopped at the end.
+
+Flower's executables are found next to this Python (the virtual environment's bin folder),
+which must also be on PATH: the SuperLink and SuperNodes start `flwr-serverapp` and
+`flwr-clientapp` by name."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Deployment:
+    def __init__(self, root: Path, node_configs: list[dict[str, str]]) -> None:
+        self.root = root
+        self.node_configs = node_configs
+        self.port = free_port()
+        self.processes: list[subprocess.Popen] = []
+        self.nodes: list[subprocess.Popen] = []
+        self.env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+
+    def start(self, timeout: float = 60) -> Deployment:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.spawn(
+            "superlink",
+            [
+                *(str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1"),
+                *("--port", str(self.port), "--disable-runtime-dependency-installation"),
+                *("--database", str(self.root / "superlink.db")),
+            ],
+        )
+        self.wait_healthy(timeout)
+        for i, config in enumerate(self.node_configs):
+            self.nodes.append(self.start_node(i, config))
+        (self.root / "cli").mkdir(exist_ok=True)
+        (self.root / "cli" / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.wait_nodes(len(self.node_configs), timeout)
+        return self
+
+    def start_node(self, i: int, config: dict[str, str]) -> subprocess.Popen:
+        values = " ".join(f'{key}="{value}"' for key, value in config.items())
+        return self.spawn(
+            f"supernode{i}",
+            [
+                *(str(BIN / "flower-supernode"), "--insecure"),
+                *("--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1"),
+                *("--port", str(free_port()), "--node-config", values),
+            ],
+        )
+
+    def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        home = self.root / f"{name}-home"
+        home.mkdir(exist_ok=True)
+        log = (self.root / f"{name}.log").open("w")
+        process = subprocess.Popen(
+            command,
+            env={**self.env, "FLWR_HOME": str(home)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped with its children
+        )
+        self.processes.append(process)
+        return process
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.25)
+        raise TimeoutError(f"SuperLink did not listen on {self.port}: {self.logs()}")
+
+    def flwr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, "FLWR_HOME": str(self.root / "cli")}
+        return subprocess.run(
+            [str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def wait_nodes(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        online = 0
+        while time.monotonic() < deadline:
+            done = self.flwr("supernode", "list", "local", "--format", "json", timeout=60)
+            try:
+                nodes = json.loads(done.stdout).get("nodes", [])
+                online = sum(1 for n in nodes if n.get("status") == "online")
+            except json.JSONDecodeError:
+                online = 0
+            if online >= count:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{online} of {count} SuperNodes online: {self.logs()}")
+
+    def run(self, app: Path, config: str = "", timeout: float = 600):
+        """`flwr run APP local --stream`: waits for the run to end; its output."""
+        args = ["run", str(app), "local", "--stream"]
+        if config:
+            args += ["--run-config", config]
+        return self.flwr(*args, timeout=timeout)
+
+    def kill_node(self, i: int) -> None:
+        os.killpg(self.nodes[i].pid, signal.SIGKILL)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in self.processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

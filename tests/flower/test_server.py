@@ -1,0 +1,145 @@
+"""The fedrc server on Flower, against a Grid in this process (`local_grid.LocalGrid`): the same
+numbers as `fedrc train` for every kind of algorithm, nodes lost, nodes refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flower_runs import assert_same_run, flower_config, node_configs, reference, run_config
+from local_grid import LocalGrid
+
+from pipeline.config import PartitionConfig
+from pipeline.errors import FedrcError
+from pipeline.flower import wire
+from pipeline.flower.appconfig import Deployment
+from pipeline.flower.server import serve
+from pipeline.run_files import METRICS, checkpoint_round, read_metrics
+from pipeline.stages import partition_stage
+
+FAST = Deployment(wait=5, timeout=30)
+
+
+def grid_for(data: Path, config, nodes: int = 3) -> LocalGrid:
+    configs = node_configs(data, nodes)
+    return LocalGrid({101 + i: c for i, c in enumerate(configs)}, run_config(config))
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem"])
+def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_path: Path) -> None:
+    """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting) and
+    additive models (FeSEM-CAM): each through 3 nodes holding 5 clients each."""
+    expected = reference(flower_config(tiny_data, algorithm, tmp_path / "single"))
+    config = flower_config(tiny_data, algorithm, tmp_path / "flower")
+    out = serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
+    assert_same_run(expected, out)
+
+
+def test_flower_server_runs_fedsoft(tiny_data: Path, tmp_path: Path) -> None:
+    """FedSoft (personal models, scored on the nodes) runs to the end with fedrc train's
+    numbers up to its hard E-step: a sample's arg-min model can flip on the last bit of logits
+    that a node computed in another batch, so parameters agree to 1e-3, not 1e-5."""
+    expected = reference(flower_config(tiny_data, "fedsoft", tmp_path / "single"))
+    config = flower_config(tiny_data, "fedsoft", tmp_path / "flower")
+    out = serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
+    rows = [read_metrics(run / METRICS) for run in (expected, out)]
+    assert [r["round"] for r in rows[1]] == [1, 2, 3]
+    for a, b in zip(*rows):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-3)
+        assert b["global_accuracy"] == pytest.approx(a["global_accuracy"], abs=0.05)
+
+
+class DyingGrid(LocalGrid):
+    """A node that stops answering after its first local-training message of round 2."""
+
+    def __init__(self, *args, victim: int) -> None:
+        super().__init__(*args)
+        self.victim, self.trained = victim, 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for message in messages:
+            if (
+                message.metadata.dst_node_id == self.victim
+                and message.metadata.message_type == wire.TRAIN
+            ):
+                self.trained += 1
+                if self.trained == 2:  # round 2: silent from now on, and gone from the SuperLink
+                    self.down.add(self.victim)
+        return super().push_messages(messages)
+
+
+def test_lost_node_the_round_finishes_without_it(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=3, eval_every=3)
+    grid = DyingGrid(grid_for(tiny_data, config).nodes, run_config(config), victim=102)
+    deployment = Deployment(wait=5, timeout=2, on_node_loss="continue")
+    out = serve(grid, config, deployment, resume=False, overwrite=False)
+    rows = read_metrics(out / METRICS)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    lost = {int(c) for c in node_configs(tiny_data)[1]["fedrc-clients"].split(",")}
+    # round 3 samples without the lost node's clients: they sit out as if not sampled
+    assert rows[2]["clients"] < rows[0]["clients"] or not lost & set(range(12))
+    assert "global_accuracy" not in rows[1]  # evaluation only at the end (eval_every 3)
+
+
+def test_lost_node_stops_the_run_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=3, eval_every=3)
+    grid = DyingGrid(grid_for(tiny_data, config).nodes, run_config(config), victim=102)
+    deployment = Deployment(wait=5, timeout=2, on_node_loss="stop")
+    with pytest.raises(
+        FedrcError, match=r"node 102 \(clients \[1, 4, 7, 10, 13\]\) was lost during local training"
+    ) as error:
+        serve(grid, config, deployment, resume=False, overwrite=False)
+    assert "\n" not in str(error.value)
+    out = Path(config.out)
+    assert checkpoint_round(out) == 1  # round 1 is whole on disk, round 2 left nothing
+    assert [r["round"] for r in read_metrics(out / METRICS)] == [1]
+    assert not list(out.glob("*.tmp*"))
+
+
+def test_node_with_another_benchmark_is_refused(tiny_data: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    partition_stage(
+        PartitionConfig(
+            dataset="synthetic",
+            clients=12,
+            samples_per_client=60,
+            holdout_samples=200,
+            seed=1,
+            out=str(other),
+        )
+    )
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    nodes = grid_for(tiny_data, config).nodes
+    nodes[102] = {**nodes[102], "fedrc-data": str(other)}
+    grid = LocalGrid(nodes, run_config(config))
+    with pytest.raises(
+        FedrcError, match=rf"node 102 \({other}\): its shards belong to another benchmark"
+    ):
+        serve(grid, config, FAST, resume=False, overwrite=False)
+    assert not Path(config.out).exists()
+
+
+def test_missing_clients_and_bad_node_config_are_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    nodes = grid_for(tiny_data, config).nodes
+    del nodes[103]
+    with pytest.raises(
+        FedrcError,
+        match=r"fedrc-wait: after 0 s no connected node holds clients \[2, 5, 8, 11, 14\]",
+    ):
+        serve(LocalGrid(nodes, run_config(config)), config, Deployment(wait=0), False, False)
+    nodes[103] = {"fedrc-data": str(tiny_data), "fedrc-clients": "2,99"}
+    with pytest.raises(
+        FedrcError, match=r"node 103: fedrc-clients: \[99\] not among the benchmark's 15 clients"
+    ):
+        serve(LocalGrid(nodes, run_config(config)), config, FAST, False, False)
+
+
+def test_persistent_momentum_is_refused(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run", persistent_momentum=True)
+    with pytest.raises(FedrcError, match="persistent_momentum: not available on Flower"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
