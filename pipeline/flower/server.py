@@ -14,6 +14,7 @@ server's E-step computes losses and, with the labels, FedRC's label tables) and 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -323,14 +324,17 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
     data = server_data(manifest, nodes.labels)
     place = FlowerPlace(nodes)
 
-    def report(row: dict) -> None:
-        shown = {
-            k: round(v, 4) if isinstance(v, float) else v
-            for k, v in row.items()
-            if not isinstance(v, dict)
-        }
-        log.info("round %s/%s %s", row["round"], config.rounds, shown)
+    sent = {"sent": 0, "received": 0}
 
-    out = train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))
-    log.info("traffic: %s", nodes.traffic)
-    return out
+    def report(row: dict) -> None:
+        """One line a round in the ServerApp's log (`flwr run --stream`, `flwr log`), with the
+        bytes of records sent to and received from the nodes in that round."""
+        traffic = {k: v - sent[k] for k, v in nodes.traffic.items()}
+        sent.update(nodes.traffic)
+        numbers = {k: v for k, v in row.items() if isinstance(v, int | float)}
+        log.info(
+            "fedrc round %s",
+            json.dumps({**numbers, **{f"bytes_{k}": v for k, v in traffic.items()}}),
+        )
+
+    return train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))

@@ -1,5 +1,6 @@
-"""A real Flower deployment on 127.0.0.1: one SuperLink and N SuperNodes as separate processes
-(insecure mode, free ports), runs started with `flwr run`, every process stopped at the end.
+"""A Flower deployment on this machine, for tests, benchmarks and a first try: one SuperLink and
+N SuperNodes as separate processes on 127.0.0.1 (insecure mode, free ports), runs started with
+`flwr run`, every process stopped at the end (`with LocalDeployment(folder, node_configs):`).
 
 Flower's executables are found next to this Python (the virtual environment's bin folder),
 which must also be on PATH: the SuperLink and SuperNodes start `flwr-serverapp` and
@@ -26,8 +27,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Deployment:
+class LocalDeployment:
     def __init__(self, root: Path, node_configs: list[dict[str, str]]) -> None:
+        """`root`: a folder for the processes' logs and homes; one SuperNode per node config."""
         self.root = root
         self.node_configs = node_configs
         self.port = free_port()
@@ -42,15 +44,14 @@ class Deployment:
             "OMP_NUM_THREADS": "1",
         }
 
-    def start(self, timeout: float = 60) -> Deployment:
+    def start(self, timeout: float = 60) -> LocalDeployment:
         self.root.mkdir(parents=True, exist_ok=True)
         self.spawn(
             "superlink",
             [
                 *(str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1"),
                 *("--port", str(self.port), "--disable-runtime-dependency-installation"),
-                *("--database", str(self.root / "superlink.db")),
-            ],
+            ],  # state in memory: SQLite (--database) locks up under large messages
         )
         self.wait_healthy(timeout)
         for i, config in enumerate(self.node_configs):
@@ -146,7 +147,7 @@ class Deployment:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
-    def __enter__(self) -> Deployment:
+    def __enter__(self) -> LocalDeployment:
         return self.start()
 
     def __exit__(self, *exc) -> None:

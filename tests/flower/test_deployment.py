@@ -1,0 +1,84 @@
+"""fedrc on a real Flower deployment on 127.0.0.1: a SuperLink and three SuperNodes as
+separate processes, runs started with `flwr run`. FedAvg and FedRC end with the models and
+metrics of `fedrc train` (the torchrun test's tolerance), the run folder serves `fedrc eval` and
+`fedrc plot`, and a SuperNode killed while it trains leaves a run that finishes without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flower_runs import BASE, assert_same_run, flower_config, node_configs, reference
+
+from pipeline.flower.local import LocalDeployment
+from pipeline.run_files import METRICS, read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fedrc(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrc_cli", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def write_app(app: Path, data: Path, out: Path, algorithm: str, *extra: str) -> None:
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in {**BASE, "device": "cpu"}.items()]
+    sets = {"fedrc": ["--set", "estep=adam", "--set", "prune_threshold=0.05"]}.get(algorithm, [])
+    fedrc(
+        *("flower", "app", "--app", str(app), "--data", str(data), "--out", str(out)),
+        *("--algorithm", algorithm, *options, *sets, *extra),
+    )
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    with LocalDeployment(tmp_path_factory.mktemp("flower"), node_configs(tiny_data)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrc"])
+def test_deployment_equals_fedrc_train(
+    algorithm: str, deployment: LocalDeployment, tiny_data: Path, tmp_path: Path
+) -> None:
+    expected = reference(flower_config(tiny_data, algorithm, tmp_path / "single"))
+    out = tmp_path / "flower"
+    write_app(tmp_path / "app", tiny_data, out, algorithm, "--wait=60", "--timeout=120")
+    done = deployment.run(tmp_path / "app", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + deployment.logs()
+    assert_same_run(expected, out)
+    fedrc("eval", "--run", str(out))
+    fedrc("plot", "--run", str(out))
+    assert (out / "eval.json").is_file() and list((out / "plots").glob("*.png"))
+
+
+def test_killed_supernode_the_run_finishes_without_it(
+    deployment: LocalDeployment, tiny_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "flower"
+    write_app(tmp_path / "app", tiny_data, out, "fedavg", "--rounds=4", "--timeout=90")
+    env = {**deployment.env, "FLWR_HOME": str(deployment.root / "cli")}
+    command = [str(Path(sys.executable).parent / "flwr"), "run", str(tmp_path / "app"), "local"]
+    run = subprocess.Popen([*command, "--stream"], env=env, stdout=subprocess.PIPE, text=True)
+    log = deployment.root / "supernode2.log"
+    trained = log.read_text().count("Receiving: train.fedrc")
+    deadline = time.monotonic() + 240
+    while log.read_text().count("Receiving: train.fedrc") < trained + 2:  # in round 2
+        assert time.monotonic() < deadline and run.poll() is None, deployment.logs()
+        time.sleep(0.2)
+    deployment.kill_node(2)
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output[-3000:]
+    rows = read_metrics(out / METRICS)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    lost = set(map(int, node_configs(tiny_data)[2]["fedrc-clients"].split(",")))
+    assert rows[-1]["clients_scored"] == 15 - len(lost)  # its clients are no longer scored
+    assert "was lost during local training" in output
