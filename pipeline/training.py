@@ -68,11 +68,9 @@ def local_seed(seed: int, round_: int, client: int) -> int:
     return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
 
 
-def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
-    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3)."""
-    shape = data.manifest.image_shape
-    model = build_model(shape, data.num_classes, config.model, config.model_settings)
-    sgd = dict(
+def sgd_options(config: TrainConfig) -> dict[str, Any]:
+    """The local SGD settings every executor takes."""
+    return dict(
         lr=config.lr,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
@@ -80,6 +78,13 @@ def make_executor(config: TrainConfig, data: FederatedData, device: torch.device
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
     )
+
+
+def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3)."""
+    shape = data.manifest.image_shape
+    model = build_model(shape, data.num_classes, config.model, config.model_settings)
+    sgd = sgd_options(config)
     batched = config.executor == "batched" or (config.executor == "auto" and device.type == "cuda")
     if batched:
         return BatchedExecutor(

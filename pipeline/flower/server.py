@@ -28,7 +28,7 @@ from flwr.app import Message, RecordDict
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.records import Manifest
-from pipeline.data.shards import FederatedData
+from pipeline.data.shards import FederatedData, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult
@@ -36,6 +36,7 @@ from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment
 from pipeline.models import build_model
+from pipeline.training import sgd_options, train_run
 
 log = logging.getLogger("fedrc.flower")
 WINDOW = 2  # requests in flight per node: one being worked on, one waiting in the SuperLink
@@ -235,16 +236,7 @@ class RemoteExecutor(SequentialExecutor):
         model = build_model(
             manifest.image_shape, manifest.num_classes, config.model, config.model_settings
         )
-        super().__init__(
-            model,
-            torch.device("cpu"),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            batch_size=config.batch_size,
-            local_epochs=config.local_epochs,
-            drop_last=config.drop_last,
-        )
+        super().__init__(model, torch.device("cpu"), **sgd_options(config))
         self.nodes = nodes
         self.row_client = global_layout(manifest)[2]
 
@@ -314,9 +306,6 @@ def check_config(config: TrainConfig) -> None:
 
 def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overwrite: bool) -> Path:
     """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
-    from pipeline.data.shards import read_manifest
-    from pipeline.training import train_run
-
     check_config(config)
     manifest = read_manifest(Path(config.data))
     nodes = Nodes(grid, manifest, deployment)
