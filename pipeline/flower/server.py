@@ -44,7 +44,7 @@ MESSAGE_TASKS = 12  # local trainings per message (K = 3: four clients of a node
 
 
 class NodeLost(FedrcError):
-    pass
+    """A node stopped answering where the run cannot go on without it (one line)."""
 
 
 class Nodes:
@@ -175,7 +175,17 @@ class Nodes:
             if not replies:
                 time.sleep(pause)
 
-    def lose(self, node, phase, reason, queues, pending, requests) -> None:
+    def lose(
+        self,
+        node: int,
+        phase: str,
+        reason: str,
+        queues: dict[int, list[int]],
+        pending: dict[str, tuple[int, float]],
+        requests: list[tuple[int, str, RecordDict]],
+    ) -> None:
+        """Stop with one line, or (local training, `continue`) forget the node and drop its
+        requests still queued or in flight."""
         clients = self.clients_of(node)
         shown = f"{clients[:10]}{' …' if len(clients) > 10 else ''}"
         line = f"node {node} (clients {shown}) was lost during {phase}: {reason}"
