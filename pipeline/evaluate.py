@@ -118,11 +118,14 @@ def summarize(data: FederatedData, table: torch.Tensor) -> dict[str, Any]:
 
 
 def fit_held_out(
-    algorithm: Algorithm, logits: torch.Tensor, data: FederatedData, comm: Communicator
+    algorithm: Algorithm,
+    logits: torch.Tensor,
+    data: FederatedData,
+    comm: Communicator,
+    held: list[int],
 ) -> None:
-    """Every non-participating client fits its ω on its labelled part (on every place, in
-    client order, from the losses that the client's own place computed)."""
-    held = comm.present(data.held_out)
+    """Every non-participating client in `held` (those present) fits its ω on its labelled part
+    (on every place, in client order, from the losses that the client's own place computed)."""
     sizes = {h: data.clients[h].train_size for h in held}
     losses, labels = {}, {}
     for h in held:
@@ -147,10 +150,12 @@ def evaluate_round(
     """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
     own place. Also returns the raw logits (R, N, classes) of every model row on this place's
     rows: the participating clients' training rows are what the next round's E-step needs."""
-    mine = [c for c in comm.present(list(range(len(data.clients)))) if comm.owns(c)]
+    present = comm.present(list(range(len(data.clients))))  # asked once: one answer throughout
+    mine = [c for c in present if comm.owns(c)]
     raw = all_logits(executor, models, data, mine)
     logits = algorithm.combine_logits(raw)
-    fit_held_out(algorithm, logits, data, comm)
+    here = set(present)
+    fit_held_out(algorithm, logits, data, comm, [h for h in data.held_out if h in here])
     omega = algorithm.omega_table()
     own = personal_logits(algorithm, executor, data, mine)
     tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]

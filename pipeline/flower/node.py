@@ -1,10 +1,9 @@
 """A SuperNode's side: the shards of the clients it holds, and the work the server asks for.
 
 A node learns from its node config which benchmark folder it reads and which clients it holds
-(`fedrc-data`, `fedrc-clients`: "3", "0,4,7" or "all"). Rows are named by their position in
-the whole benchmark (participating clients first, each client's training rows then its test
-rows, as `load_federated` lays them out), so the server can address any sample without holding
-a pixel; the node maps them onto the rows it loaded.
+(`fedrc-data`, `fedrc-clients`: "3", "0,4,7" or "all"). The server names rows by their
+position in the whole benchmark (`wire.global_layout`); the node maps them onto the rows it
+loaded.
 """
 
 from __future__ import annotations
@@ -12,21 +11,15 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from pipeline.data.shards import FederatedData, load_federated, read_manifest
+from pipeline.data.shards import load_federated, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.errors import FedrcError
 from pipeline.flower import wire
+from pipeline.flower.appconfig import train_config_from_json
 from pipeline.training import make_executor, resolve_device
-
-
-def global_starts(data: FederatedData) -> np.ndarray:
-    """The first global row of every client (the layout of the whole benchmark)."""
-    sizes = [c.size for c in data.clients]
-    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
 def parse_clients(value: str, total: int) -> list[int]:
@@ -55,13 +48,11 @@ class NodeData:
         self.clients = parse_clients(clients, len(manifest.clients))
         self.data = load_federated(folder, set(self.clients))
         self.content_hash = manifest.content_hash
-        starts = global_starts(self.data)
-        total = int(sum(c.size for c in self.data.clients))
-        self.local = torch.full((total,), -1, dtype=torch.int64)
+        train, _, row_client = wire.global_layout(manifest)
+        self.local = torch.full((len(row_client),), -1, dtype=torch.int64)
         for client in self.clients:
-            here = self.data.train_slices[client].start
-            size = self.data.clients[client].size
-            first = int(starts[client])
+            here, size = self.data.train_slices[client].start, manifest.clients[client].size
+            first = train[client].start
             self.local[first : first + size] = torch.arange(here, here + size)
 
     def rows(self, global_rows: torch.Tensor) -> torch.Tensor:
@@ -72,13 +63,13 @@ class NodeData:
         return local
 
     def hello(self) -> wire.RecordDict:
-        global_rows = torch.cat(
+        data = self.data
+        labels = torch.cat(
             [
-                torch.arange(s, s + self.data.clients[c].size)
-                for c, s in zip(self.clients, global_starts(self.data)[self.clients])
+                data.labels[data.train_slices[c].start : data.test_slices[c].stop]
+                for c in self.clients
             ]
         )
-        labels = self.data.labels[self.rows(global_rows)]
         return wire.hello_reply(self.content_hash, self.clients, labels, str(self.folder))
 
 
@@ -90,8 +81,6 @@ def node_data(folder: str, clients: str) -> NodeData:
 
 @functools.lru_cache(maxsize=2)
 def node_executor(config_json: str, folder: str, clients: str, device: str) -> SequentialExecutor:
-    from pipeline.flower.appconfig import train_config_from_json
-
     config = train_config_from_json(config_json)
     data = node_data(folder, clients).data
     return make_executor(config, data, resolve_device(device))

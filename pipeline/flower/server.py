@@ -21,7 +21,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from flwr.app import Message, RecordDict
 
@@ -218,20 +217,9 @@ class FlowerPlace(Communicator):
         return [c for c in clients if c in self.nodes.holder]
 
 
-def global_layout(manifest: Manifest) -> tuple[list[slice], list[slice], torch.Tensor]:
-    """Train and test slices of every client in the whole benchmark, and each row's client."""
-    train, test, owner, offset = [], [], [], 0
-    for client in manifest.clients:
-        train.append(slice(offset, offset + client.train_size))
-        test.append(slice(offset + client.train_size, offset + client.size))
-        owner.append(np.full(client.size, client.client_id))
-        offset += client.size
-    return train, test, torch.from_numpy(np.concatenate(owner).astype(np.int64))
-
-
 def server_data(manifest: Manifest, labels: dict[int, torch.Tensor]) -> FederatedData:
     """The benchmark as the server sees it: `images` holds each row's global id."""
-    train, test, _ = global_layout(manifest)
+    train, test, _ = wire.global_layout(manifest)
     rows = torch.arange(test[-1].stop if test else 0)
     ordered = torch.cat([labels[c] for c in range(len(manifest.clients))]).to(torch.int64)
     return FederatedData(rows, ordered, train, test, manifest, rows, rows)
@@ -248,7 +236,7 @@ class RemoteExecutor(SequentialExecutor):
         )
         super().__init__(model, torch.device("cpu"), **sgd_options(config))
         self.nodes = nodes
-        self.row_client = global_layout(manifest)[2]
+        self.row_client = wire.global_layout(manifest)[2]
 
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """Logits on global rows `images`, each node computing those of the rows it holds."""
