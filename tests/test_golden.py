@@ -3,6 +3,7 @@ participation, resume, and eval agreeing with the training log.
 
 Regenerate the curves after an intended change of the numbers with
 `FEDRC_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`, and say why in the commit.
+conftest.py pins oneDNN to its AVX2 kernels, so the curves are the same on AVX2 and AVX-512 CPUs.
 """
 
 from __future__ import annotations
