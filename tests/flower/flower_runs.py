@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -13,6 +17,7 @@ from pipeline.resolve import make_config
 from pipeline.run_files import METRICS, MODEL, read_metrics
 from pipeline.training import run_training
 
+ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(
     rounds=3, local_epochs=2, batch_size=16, lr=0.05, clusters=2, participation=0.5,
     eval_every=1, device="cpu",
@@ -38,14 +43,22 @@ def run_config(config: TrainConfig) -> dict:
     return {"fedrc-train": json.dumps(config_dict(config))}
 
 
-def reference(config: TrainConfig) -> Path:
-    """`fedrc train` in this process, on one thread like each node."""
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread, as each SuperNode of a LocalDeployment (OMP_NUM_THREADS=1): a
+    convolution's result may depend on how many threads split it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return run_training(config)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def reference(config: TrainConfig) -> Path:
+    """`fedrc train` in this process, on one thread like each node."""
+    with one_thread():
+        return run_training(config)
 
 
 def assert_same_run(expected: Path, got: Path) -> None:
@@ -58,3 +71,21 @@ def assert_same_run(expected: Path, got: Path) -> None:
     models = [torch.load(run / MODEL, weights_only=True) for run in (expected, got)]
     torch.testing.assert_close(models[1]["models"], models[0]["models"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(models[1]["omega"], models[0]["omega"], atol=1e-5, rtol=1e-5)
+
+
+def fedrc(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrc_cli", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def write_app(app: Path, data: Path, out: Path, algorithm: str, *extra: str) -> None:
+    """`fedrc flower app` with BASE and the algorithm's SETTINGS; `extra` options last."""
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in BASE.items()]
+    sets = [part for k, v in SETTINGS.get(algorithm, {}).items() for part in ("--set", f"{k}={v}")]
+    fedrc(
+        *("flower", "app", "--app", str(app), "--data", str(data), "--out", str(out)),
+        *("--algorithm", algorithm, *options, *sets, *extra),
+    )

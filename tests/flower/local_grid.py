@@ -1,10 +1,12 @@
 """Flower's `Grid` in one process, for fast tests of the server loop: each pushed message is
-answered at once by fedrc's ClientApp with the node config of its destination."""
+answered at once by fedrc's ClientApp with the node config of its destination, on one torch
+thread as a real node."""
 
 from __future__ import annotations
 
 import itertools
 
+from flower_runs import one_thread
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -33,7 +35,8 @@ class LocalGrid:
             if node in self.down:
                 continue
             context = Context(1, node, self.nodes[node], RecordDict(), self.run_config)
-            self.replies[message_id] = client_app(message, context)
+            with one_thread():
+                self.replies[message_id] = client_app(message, context)
         return ids
 
     def pull_messages(self, message_ids) -> list[Message]:

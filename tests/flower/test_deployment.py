@@ -14,29 +14,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flower_runs import BASE, assert_same_run, flower_config, node_configs, reference
+from flower_runs import assert_same_run, fedrc, flower_config, node_configs, reference, write_app
 
 from pipeline.flower.local import LocalDeployment
 from pipeline.run_files import METRICS, read_metrics
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def fedrc(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "fedrc_cli", *args], capture_output=True, text=True, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return done
-
-
-def write_app(app: Path, data: Path, out: Path, algorithm: str, *extra: str) -> None:
-    options = [f"--{k.replace('_', '-')}={v}" for k, v in {**BASE, "device": "cpu"}.items()]
-    sets = {"fedrc": ["--set", "estep=adam", "--set", "prune_threshold=0.05"]}.get(algorithm, [])
-    fedrc(
-        *("flower", "app", "--app", str(app), "--data", str(data), "--out", str(out)),
-        *("--algorithm", algorithm, *options, *sets, *extra),
-    )
 
 
 @pytest.fixture(scope="module")
