@@ -1,6 +1,8 @@
 """A Flower deployment on this machine, for tests, benchmarks and a first try: one SuperLink and
 N SuperNodes as separate processes on 127.0.0.1 (insecure mode, free ports), runs started with
 `flwr run`, every process stopped at the end (`with LocalDeployment(folder, node_configs):`).
+A subclass changes how the processes and the CLI authenticate by overriding the `*_security`
+methods (tests/flower/secure.py: TLS and node authentication).
 
 Flower's executables are found next to this Python (the virtual environment's bin folder),
 which must also be on PATH: the SuperLink and SuperNodes start `flwr-serverapp` and
@@ -49,27 +51,39 @@ class LocalDeployment:
         self.spawn(
             "superlink",
             [
-                *(str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1"),
-                *("--port", str(self.port), "--disable-runtime-dependency-installation"),
+                *(str(BIN / "flower-superlink"), *self.superlink_security()),
+                *("--host", "127.0.0.1", "--port", str(self.port)),
+                "--disable-runtime-dependency-installation",
             ],  # state in memory: SQLite (--database) locks up under large messages
         )
         self.wait_healthy(timeout)
-        for i, config in enumerate(self.node_configs):
-            self.nodes.append(self.start_node(i, config))
         (self.root / "cli").mkdir(exist_ok=True)
         (self.root / "cli" / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'address = "127.0.0.1:{self.port}"\n{self.cli_security()}\n'
         )
+        for i, config in enumerate(self.node_configs):
+            self.nodes.append(self.start_node(i, config))
         self.wait_nodes(len(self.node_configs), timeout)
         return self
+
+    def superlink_security(self) -> list[str]:
+        return ["--insecure"]
+
+    def node_security(self, i: int) -> list[str]:
+        """The i-th SuperNode's security flags."""
+        return ["--insecure"]
+
+    def cli_security(self) -> str:
+        """The `flwr` CLI's security lines in its federation's table."""
+        return "insecure = true"
 
     def start_node(self, i: int, config: dict[str, str]) -> subprocess.Popen:
         values = " ".join(f'{key}="{value}"' for key, value in config.items())
         return self.spawn(
             f"supernode{i}",
             [
-                *(str(BIN / "flower-supernode"), "--insecure"),
+                *(str(BIN / "flower-supernode"), *self.node_security(i)),
                 *("--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1"),
                 *("--port", str(free_port()), "--node-config", values),
             ],
@@ -105,16 +119,20 @@ class LocalDeployment:
             [str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout
         )
 
+    def online(self) -> int:
+        """How many SuperNodes the SuperLink lists as online."""
+        done = self.flwr("supernode", "list", "local", "--format", "json", timeout=60)
+        try:
+            nodes = json.loads(done.stdout).get("nodes", [])
+        except json.JSONDecodeError:
+            return 0
+        return sum(1 for node in nodes if node.get("status") == "online")
+
     def wait_nodes(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         online = 0
         while time.monotonic() < deadline:
-            done = self.flwr("supernode", "list", "local", "--format", "json", timeout=60)
-            try:
-                nodes = json.loads(done.stdout).get("nodes", [])
-                online = sum(1 for n in nodes if n.get("status") == "online")
-            except json.JSONDecodeError:
-                online = 0
+            online = self.online()
             if online >= count:
                 return
             time.sleep(0.5)
