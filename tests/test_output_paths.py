@@ -82,10 +82,11 @@ UNWRITABLE = [
     (SYS, "permission denied"),
     ("d/manifest.json/sub", "d/manifest.json is a file, not a folder"),
 ]
-FOLDER_COMMANDS = {
+FOLDER_COMMANDS = {  # each ends with the option that names the folder it writes
     "partition": ["partition", *PART_ARGS, "--out"],
     "train": ["train", *TRAIN, "--out"],
     "report": ["report", "r", "--out"],
+    "flower app": ["flower", "app", "--data", "d", "--app"],
 }
 
 
@@ -93,8 +94,9 @@ FOLDER_COMMANDS = {
 @pytest.mark.parametrize(("path", "reason"), UNWRITABLE)
 def test_unwritable_out_is_refused_before_any_work(here: Path, command, path, reason) -> None:
     before = snapshot(here)
-    line = refused(*FOLDER_COMMANDS[command], path, culprits=("--out", path, reason))
-    assert line == f"Error: --out: {path}: {reason}"
+    option = FOLDER_COMMANDS[command][-1]
+    line = refused(*FOLDER_COMMANDS[command], path, culprits=(option, path, reason))
+    assert line == f"Error: {option}: {path}: {reason}"
     assert snapshot(here) == before
     assert not os.path.lexists(path)
 
@@ -102,7 +104,8 @@ def test_unwritable_out_is_refused_before_any_work(here: Path, command, path, re
 @pytest.mark.parametrize("command", FOLDER_COMMANDS)
 def test_a_file_where_the_out_folder_should_be(here: Path, command) -> None:
     before = snapshot(here)
-    refused(*FOLDER_COMMANDS[command], "d/manifest.json", culprits=("--out", "d/manifest.json"))
+    option = FOLDER_COMMANDS[command][-1]
+    refused(*FOLDER_COMMANDS[command], "d/manifest.json", culprits=(option, "d/manifest.json"))
     assert snapshot(here) == before  # the file is not replaced by a folder
 
 
@@ -129,6 +132,7 @@ def test_a_read_only_or_forbidden_folder_is_found_by_the_probe(here: Path, monke
     refused("eval", "--run", "r", culprits=("--run", "r/eval.json", reason))
     refused("plot", "--run", "r", culprits=("--run", "r/plots", reason))
     refused("report", "r", "--out", "rep", culprits=("--out", "rep", reason))
+    refused("flower", "app", "--data", "d", "--app", "a", culprits=("--app", "a", reason))
     assert snapshot(here) == before
 
 
@@ -160,6 +164,7 @@ def test_an_error_when_writing_is_one_line_and_leaves_outputs_alone(here, monkey
         # the two files are written together; the error names the one it was raised for
         refused("eval", "--run", "r", culprits=("--run", "r/eval", reason))
         refused("report", "r", "--out", "rep", culprits=("--out", "rep", reason))
+        refused("flower", "app", "--data", "d", "--app", "a", culprits=("--app", "a", reason))
     with monkeypatch.context() as m:
         import pipeline.plots as plots
 

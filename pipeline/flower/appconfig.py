@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.config import TrainConfig, config_dict
 from pipeline.errors import FedrcError
+from pipeline.io import atomic_file
 from pipeline.resolve import from_values
 
 ON_NODE_LOSS = ("continue", "stop")
@@ -70,7 +71,7 @@ fedrc-on-node-loss = "{deployment.on_node_loss}"
 
 
 def write_app(folder: Path, config: TrainConfig, deployment: Deployment) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "pyproject.toml"
-    path.write_text(pyproject(config, deployment))
+    with atomic_file(path) as tmp:  # an app folder's old pyproject.toml stays whole on error
+        tmp.write_text(pyproject(config, deployment))
     return path
