@@ -5,8 +5,11 @@ that `flwr run` trains what `fedrc train` would with the same params.yaml."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import TrainConfig, config_dict
 from pipeline.errors import FedrcError
@@ -26,12 +29,45 @@ class Deployment:
     on_node_loss: str = "continue"  # a node lost in local training: finish without it, or stop
 
     def __post_init__(self) -> None:
-        if self.wait < 0 or self.timeout <= 0:
-            raise FedrcError("fedrc-wait must be >= 0 and fedrc-timeout > 0 (seconds)")
+        if not (0 <= self.wait < math.inf and 0 < self.timeout < math.inf):
+            raise FedrcError("fedrc-wait must be >= 0 and fedrc-timeout > 0 (finite seconds)")
         if self.on_node_loss not in ON_NODE_LOSS:
             raise FedrcError(
                 f"fedrc-on-node-loss: expected one of {ON_NODE_LOSS}, got {self.on_node_loss!r}"
             )
+
+
+def check_config(config: TrainConfig) -> None:
+    """What `fedrc train` allows but a deployment cannot do."""
+    if config.persistent_momentum:
+        raise FedrcError(
+            "persistent_momentum: not available on Flower (each client's momentum would have "
+            "to stay on its node); set train.persistent_momentum: false"
+        )
+
+
+def run_settings(values: Mapping[str, Any]) -> tuple[Deployment, bool, bool]:
+    """The deployment, resume and overwrite from a run config (`--run-config` may override
+    any key with any TOML value, so each is checked)."""
+
+    def seconds(key: str, default: float) -> float:
+        value = values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FedrcError(f"{key}: expected a number of seconds, got {value!r}")
+        return float(value)
+
+    def flag(key: str) -> bool:
+        value = values.get(key, False)
+        if not isinstance(value, bool):
+            raise FedrcError(f"{key}: expected true or false, got {value!r}")
+        return value
+
+    deployment = Deployment(
+        wait=seconds("fedrc-wait", Deployment.wait),
+        timeout=seconds("fedrc-timeout", Deployment.timeout),
+        on_node_loss=str(values.get("fedrc-on-node-loss", Deployment.on_node_loss)),
+    )
+    return deployment, flag("fedrc-resume"), flag("fedrc-overwrite")
 
 
 def train_config_from_json(text: str) -> TrainConfig:

@@ -33,8 +33,9 @@ from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult
 from pipeline.errors import FedrcError
 from pipeline.flower import wire
-from pipeline.flower.appconfig import Deployment
+from pipeline.flower.appconfig import Deployment, check_config
 from pipeline.models import build_model
+from pipeline.run_files import checkpoint_round
 from pipeline.training import sgd_options, train_run
 
 log = logging.getLogger("fedrc.flower")
@@ -53,17 +54,24 @@ class Nodes:
         self.grid, self.manifest, self.deployment = grid, manifest, deployment
         self.holder: dict[int, int] = {}  # client → node id
         self.labels: dict[int, torch.Tensor] = {}  # client → labels of its rows
-        self.lost: set[int] = set()  # nodes that stopped answering during this run
+        self.greeted: set[int] = set()  # nodes asked what they hold since they last joined
+        self.lost: set[int] = set()  # nodes ignored until they leave the SuperLink and rejoin
         self.traffic = {"sent": 0, "received": 0}  # bytes of records, both ways
 
     def clients_of(self, node: int) -> list[int]:
         return [c for c, n in self.holder.items() if n == node]
 
     def connected(self) -> set[int]:
-        return set(self.grid.get_node_ids()) - self.lost
+        """The nodes online and not lost. A node that left the SuperLink is forgotten, so when
+        it rejoins (a restart keeps the id of a registered key) it is greeted again."""
+        online = set(self.grid.get_node_ids())
+        self.lost &= online
+        self.greeted &= online
+        return online - self.lost
 
     def greet(self, nodes: Iterable[int]) -> None:
-        """Ask new nodes what they hold; refuse one that holds another benchmark."""
+        """Ask new nodes what they hold; refuse one that holds another benchmark. A client
+        that two nodes hold (a node restarted under a new id) goes to the one greeted last."""
         requests = [(node, wire.HELLO, RecordDict()) for node in nodes]
         for (node, *_), content in self.exchange(requests, "hello"):
             hello = wire.read_hello(content)
@@ -79,13 +87,14 @@ class Nodes:
                 self.labels[client] = hello.labels[offset : offset + size]
                 self.holder[client] = node
                 offset += size
+            self.greeted.add(node)
 
     def connect(self) -> None:
         """Wait (`fedrc-wait` seconds) until the connected nodes hold every client."""
         deadline = time.monotonic() + self.deployment.wait
         everyone = set(range(len(self.manifest.clients)))
         while True:
-            new = self.connected() - set(self.holder.values())
+            new = self.connected() - self.greeted
             if new:
                 self.greet(sorted(new))
             missing = everyone - set(self.holder)
@@ -100,14 +109,19 @@ class Nodes:
             time.sleep(0.5)
 
     def refresh(self) -> None:
-        """Forget nodes that left; greet nodes that (re)joined."""
+        """Forget nodes that left; greet nodes that (re)joined. A newcomer that cannot say what
+        it holds (an error, no answer, another benchmark) is ignored with a warning until it
+        leaves and rejoins: the run goes on with the nodes it has."""
         online = self.connected()
         for client, node in list(self.holder.items()):
             if node not in online:
                 del self.holder[client]
-        new = online - set(self.holder.values())
-        if new:
-            self.greet(sorted(new))
+        for node in sorted(online - self.greeted):
+            try:
+                self.greet([node])
+            except FedrcError as e:
+                log.warning("%s; node %d is ignored until it rejoins", e, node)
+                self.lost.add(node)
 
     def exchange(
         self, requests: list[tuple[int, str, RecordDict]], phase: str
@@ -137,25 +151,28 @@ class Nodes:
                     node, kind, content = requests[index]
                     self.traffic["sent"] += record_bytes(content)
                     messages.append(Message(content, dst_node_id=node, message_type=kind))
-                ids = self.grid.push_messages(messages)
+                ids = list(self.grid.push_messages(messages))
+                ids += [None] * (len(outgoing) - len(ids))  # a push refused whole returns []
                 deadline = time.monotonic() + self.deployment.timeout
+                refused = []
                 for index, message_id in zip(outgoing, ids):
                     if message_id is None:
-                        self.lose(
-                            requests[index][0],
-                            phase,
-                            "the SuperLink refused the message",
-                            queues,
-                            pending,
-                            requests,
-                        )
+                        refused.append(requests[index][0])
                     else:
                         pending[message_id] = (index, deadline)
+                for node in dict.fromkeys(refused):  # each node once, all its ids known
+                    reason = "the SuperLink refused the message"
+                    self.lose(node, phase, reason, queues, pending, requests)
             replies = list(self.grid.pull_messages(list(pending))) if pending else []
             for reply in replies:
                 index, _ = pending.pop(reply.metadata.reply_to_message_id)
                 node = requests[index][0]
                 busy[node] -= 1
+                # a node works on one message at a time: the clock of its next one starts now
+                restart = time.monotonic() + self.deployment.timeout
+                for message_id, (other, _) in pending.items():
+                    if requests[other][0] == node:
+                        pending[message_id] = (other, restart)
                 if reply.has_error():
                     self.lose(node, phase, reply.error.reason, queues, pending, requests)
                     continue
@@ -189,7 +206,7 @@ class Nodes:
         shown = f"{clients[:10]}{' …' if len(clients) > 10 else ''}"
         line = f"node {node} (clients {shown}) was lost during {phase}: {reason}"
         if phase != "local training" or self.deployment.on_node_loss == "stop":
-            raise NodeLost(f"{line}; resume with fedrc-resume=true once it is back")
+            raise NodeLost(line)
         log.warning("%s; the round finishes without it", line)
         self.lost.add(node)
         queues.pop(node, None)
@@ -294,14 +311,6 @@ def remote_executor(nodes: Nodes):
     return factory
 
 
-def check_config(config: TrainConfig) -> None:
-    if config.persistent_momentum:
-        raise FedrcError(
-            "persistent_momentum: not available on Flower (each client's momentum would have "
-            "to stay on its node); set train.persistent_momentum: false"
-        )
-
-
 def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overwrite: bool) -> Path:
     """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
     check_config(config)
@@ -324,4 +333,12 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
             json.dumps({**numbers, **{f"bytes_{k}": v for k, v in traffic.items()}}),
         )
 
-    return train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))
+    try:
+        return train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))
+    except NodeLost as e:
+        done = checkpoint_round(Path(config.out))
+        if done is None:
+            raise
+        raise NodeLost(
+            f"{e}; rounds 1–{done} are saved: run again with fedrc-resume=true to continue"
+        ) from None

@@ -3,20 +3,25 @@ numbers as `fedrc train` for every kind of algorithm, nodes lost, nodes refused.
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("flwr")
 
+from conftest import TINY_PARTITION
 from flower_runs import assert_same_run, flower_config, node_configs, reference, run_config
+from flwr.app import RecordDict
 from local_grid import LocalGrid
 
 from pipeline.config import PartitionConfig
+from pipeline.data.shards import read_manifest
 from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment
-from pipeline.flower.server import serve
+from pipeline.flower.server import NodeLost, Nodes, serve
 from pipeline.run_files import METRICS, checkpoint_round, read_metrics
 from pipeline.stages import partition_stage
 from pipeline.training import sample_clients
@@ -85,6 +90,115 @@ def test_lost_node_the_round_finishes_without_it(tiny_data: Path, tmp_path: Path
     sampled = sample_clients(list(range(12)), config.participation, config.seed, 3)
     assert rows[2]["clients"] == len([c for c in sampled if c not in lost]) < len(sampled)
     assert "global_accuracy" not in rows[1]  # evaluation only at the end (eval_every 3)
+
+
+class RejoiningGrid(DyingGrid):
+    """The lost node leaves the SuperLink (seen gone once) and comes back with its id, as a
+    restarted SuperNode with a registered key does."""
+
+    def get_node_ids(self) -> list[int]:
+        ids = super().get_node_ids()
+        self.down.discard(self.victim)
+        return ids
+
+
+def test_lost_node_that_rejoins_is_greeted_again(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=4, eval_every=4)
+    grid = RejoiningGrid(grid_for(tiny_data, config).nodes, run_config(config), victim=102)
+    deployment = Deployment(wait=5, timeout=2, on_node_loss="continue")
+    out = serve(grid, config, deployment, resume=False, overwrite=False)
+    rows = read_metrics(out / METRICS)
+    third, fourth = (sample_clients(list(range(12)), 0.5, config.seed, r) for r in (3, 4))
+    lost = {int(c) for c in node_configs(tiny_data)[1]["fedrc-clients"].split(",")}
+    # round 3 finds it gone; round 4 finds it back and greets it
+    assert rows[2]["clients"] == len([c for c in third if c not in lost]) < len(third)
+    assert rows[3]["clients"] == len(fourth) and lost & set(fourth)
+    assert "clients_scored" not in rows[3]  # every client scored again
+
+
+def test_a_newcomer_that_cannot_join_is_ignored(tiny_data: Path, tmp_path: Path) -> None:
+    """A node that appears mid-run holding another benchmark: a warning, and the run goes on."""
+    other = tmp_path / "other"
+    partition_stage(PartitionConfig(**{**TINY_PARTITION, "seed": 1}, out=str(other)))
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=2)
+    nodes = grid_for(tiny_data, config).nodes
+    grid = LateGrid({**nodes, 104: {"fedrc-data": str(other)}}, run_config(config), late=104)
+    out = serve(grid, config, FAST, resume=False, overwrite=False)
+    assert [r["round"] for r in read_metrics(out / METRICS)] == [1, 2]
+    assert grid.greeted_late  # it was asked, and refused
+
+
+class LateGrid(LocalGrid):
+    """Node `late` is listed only after the first local training has been sent."""
+
+    def __init__(self, *args, late: int) -> None:
+        super().__init__(*args)
+        self.late, self.trained, self.greeted_late = late, False, False
+
+    def get_node_ids(self) -> list[int]:
+        return [n for n in super().get_node_ids() if n != self.late or self.trained]
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for message in messages:
+            self.trained |= message.metadata.message_type == wire.TRAIN
+            self.greeted_late |= message.metadata.dst_node_id == self.late
+        return super().push_messages(messages)
+
+
+class SerialGrid(LocalGrid):
+    """Each node works on one message at a time, `seconds` each, as a SuperNode does; a push
+    of more than `accept` messages is refused whole (`[]`, as on an HTTP 413)."""
+
+    def __init__(self, *args, seconds: float, accept: int = 100) -> None:
+        super().__init__(*args)
+        self.seconds, self.accept = seconds, accept
+        self.ready: dict[str, float] = {}
+        self.free: dict[int, float] = defaultdict(float)
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if len(messages) > self.accept:
+            return []
+        ids = super().push_messages(messages)
+        for message_id, message in zip(ids, messages):
+            node = message.metadata.dst_node_id
+            self.free[node] = max(self.free[node], time.monotonic()) + self.seconds
+            self.ready[message_id] = self.free[node]
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        due = [i for i in message_ids if self.ready.get(i, now + 1) <= now]
+        return super().pull_messages(due)
+
+
+def test_timeout_counts_from_when_a_node_can_start_the_request(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A node holds up to two requests at once (one in work, one waiting): each may take
+    almost the whole fedrc-timeout, and none is lost for the wait before it."""
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    grid = SerialGrid(grid_for(tiny_data, config).nodes, run_config(config), seconds=0.7)
+    nodes = Nodes(grid, read_manifest(tiny_data), Deployment(wait=5, timeout=1.0))
+    nodes.connect()  # three hellos, one per node, 0.7 s each: in time
+    requests = [(102, wire.HELLO, RecordDict()) for _ in range(4)]
+    assert len(list(nodes.exchange(requests, "local training"))) == 4  # 2.8 s on one node
+    assert not nodes.lost
+
+
+def test_a_refused_push_loses_its_nodes_once(tiny_data: Path, tmp_path: Path) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    grid = SerialGrid(grid_for(tiny_data, config).nodes, run_config(config), seconds=0, accept=3)
+    deployment = Deployment(wait=5, timeout=1.0, on_node_loss="continue")
+    nodes = Nodes(grid, read_manifest(tiny_data), deployment)
+    nodes.connect()
+    requests = [(n, wire.HELLO, RecordDict()) for n in (101, 101, 102, 102)]
+    assert list(nodes.exchange(requests, "local training")) == []
+    assert nodes.lost == {101, 102} and not nodes.clients_of(101) and not nodes.clients_of(102)
+    grid.accept = 1
+    with pytest.raises(NodeLost, match=r"node 103 .* was lost during logits"):
+        list(nodes.exchange([(103, wire.HELLO, RecordDict())] * 4, "logits"))
 
 
 def test_lost_node_stops_the_run_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
