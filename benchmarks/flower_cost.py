@@ -65,11 +65,11 @@ def flower(args, data: Path, tmp: Path, algorithm: str, deployment: LocalDeploym
     done = deployment.run(app, timeout=1800)
     logged = [
         json.loads(line.split("fedrc round ", 1)[1])
-        for line in done.stdout.splitlines()
+        for line in done.output.splitlines()
         if "fedrc round {" in line
     ]
-    if len(logged) != args.rounds:
-        sys.exit(f"flower {algorithm}: run failed\n{done.stdout[-3000:]}")
+    if done.status != "finished:completed" or len(logged) != args.rounds:
+        sys.exit(f"flower {algorithm}: {done.details or 'run failed'}\n{done.output[-3000:]}")
     seconds = [r["seconds"] for r in read_metrics(out / METRICS)]
     return [
         {"seconds": s, "bytes": r["bytes_sent"] + r["bytes_received"]}

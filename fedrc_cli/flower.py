@@ -12,7 +12,7 @@ from fedrc_cli.common import ParamsOption, console, fail, user_errors, writing
 from fedrc_cli.options import dataclass_options, with_options
 from fedrc_cli.train import SetOption
 from pipeline.config import TrainConfig, read_params
-from pipeline.flower.appconfig import ON_NODE_LOSS, Deployment, write_app
+from pipeline.flower.appconfig import ON_NODE_LOSS, Deployment, check_config, write_app
 from pipeline.resolve import train_config
 
 flower = typer.Typer(
@@ -49,6 +49,7 @@ def app(
         if on_node_loss not in ON_NODE_LOSS:
             raise fail(f"--on-node-loss: expected one of {ON_NODE_LOSS}, got {on_node_loss!r}")
         config = train_config(read_params(params), options, set_ or [])
+        check_config(config)
         # the ServerApp runs in the SuperLink's working folder: make paths absolute here
         config = replace(
             config, data=str(Path(config.data).resolve()), out=str(Path(config.out).resolve())

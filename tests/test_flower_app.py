@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
-from pipeline.flower.appconfig import train_config_from_json
+from pipeline.errors import FedrcError
+from pipeline.flower.appconfig import Deployment, run_settings, train_config_from_json
 
 runner = CliRunner()
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -56,3 +59,33 @@ def test_bad_option_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     result = runner.invoke(app, ["flower", "app", "--app", str(tmp_path / "file" / "app")])
     assert result.exit_code == 2 and "--app" in result.output
+
+
+def test_persistent_momentum_is_refused_before_the_app_is_written(tmp_path: Path) -> None:
+    folder = tmp_path / "app"
+    result = runner.invoke(app, ["flower", "app", "--app", str(folder), "--persistent-momentum"])
+    assert result.exit_code == 2
+    assert "persistent_momentum: not available on Flower" in result.output
+    assert not folder.exists()
+
+
+def test_run_settings_read_the_run_config() -> None:
+    deployment, resume, overwrite = run_settings({"fedrc-timeout": 30, "fedrc-resume": True})
+    assert deployment == Deployment(timeout=30.0) and resume and not overwrite
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"fedrc-timeout": "x"}, "fedrc-timeout: expected a number of seconds, got 'x'"),
+        ({"fedrc-wait": True}, "fedrc-wait: expected a number of seconds, got True"),
+        ({"fedrc-timeout": math.nan}, "fedrc-timeout > 0 (finite seconds)"),
+        ({"fedrc-wait": math.inf}, "fedrc-wait must be >= 0"),
+        ({"fedrc-resume": "false"}, "fedrc-resume: expected true or false, got 'false'"),
+        ({"fedrc-on-node-loss": "maybe"}, "fedrc-on-node-loss: expected one of"),
+    ],
+)
+def test_run_settings_refuse_what_a_run_config_override_got_wrong(values, error) -> None:
+    """`flwr run --run-config` may give any key any TOML value: each is one line."""
+    with pytest.raises(FedrcError, match=re.escape(error)):
+        run_settings(values)

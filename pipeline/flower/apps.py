@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from pipeline.errors import FedrcError
 from pipeline.flower import node, wire
-from pipeline.flower.appconfig import Deployment, train_config_from_json
+from pipeline.flower.appconfig import run_settings, train_config_from_json
 from pipeline.flower.server import serve
 
 log = logging.getLogger("fedrc.flower")
@@ -27,27 +27,32 @@ server_app = ServerApp()
 client_app = ClientApp()
 
 
+class RunFailed(Exception):
+    """A fedrc error in the ServerApp. Flower catches an Exception (not SystemExit), marks the
+    run failed with its text (`flwr ls`) and sends the last log lines to `flwr run --stream`."""
+
+
+def log_to_stderr() -> None:
+    """fedrc's lines in the ServerApp's log; other libraries (httpx: a line per request to
+    the SuperLink) keep their own levels."""
+    fedrc_log = logging.getLogger("fedrc")
+    if not fedrc_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        fedrc_log.addHandler(handler)
+        fedrc_log.setLevel(logging.INFO)
+
+
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    values = context.run_config
+    log_to_stderr()
     try:
-        config = train_config_from_json(str(values["fedrc-train"]))
-        deployment = Deployment(
-            wait=float(values.get("fedrc-wait", Deployment.wait)),
-            timeout=float(values.get("fedrc-timeout", Deployment.timeout)),
-            on_node_loss=str(values.get("fedrc-on-node-loss", Deployment.on_node_loss)),
-        )
-        out = serve(
-            grid,
-            config,
-            deployment,
-            bool(values.get("fedrc-resume", False)),
-            bool(values.get("fedrc-overwrite", False)),
-        )
+        config = train_config_from_json(str(context.run_config["fedrc-train"]))
+        deployment, resume, overwrite = run_settings(context.run_config)
+        out = serve(grid, config, deployment, resume, overwrite)
     except FedrcError as e:
         log.error("fedrc: error: %s", e)
-        raise SystemExit(2) from None
+        raise RunFailed(f"fedrc: error: {e}") from None
     log.info("fedrc: run written to %s", out)
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 BIN = Path(sys.executable).parent
 
@@ -27,6 +28,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class FlowerRun(NamedTuple):
+    output: str  # what `flwr run --stream` printed
+    status: str  # finished:completed, finished:failed, …
+    details: str  # why it failed ("ServerApp failed with exception: fedrc: error: …")
 
 
 class LocalDeployment:
@@ -47,6 +54,14 @@ class LocalDeployment:
         }
 
     def start(self, timeout: float = 60) -> LocalDeployment:
+        """Start the SuperLink and the SuperNodes; on any failure, stop what was started."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> LocalDeployment:
         self.root.mkdir(parents=True, exist_ok=True)
         self.spawn(
             "superlink",
@@ -92,14 +107,14 @@ class LocalDeployment:
     def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         home = self.root / f"{name}-home"
         home.mkdir(exist_ok=True)
-        log = (self.root / f"{name}.log").open("w")
-        process = subprocess.Popen(
-            command,
-            env={**self.env, "FLWR_HOME": str(home)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped with its children
-        )
+        with (self.root / f"{name}.log").open("w") as log:  # the process keeps its own copy
+            process = subprocess.Popen(
+                command,
+                env={**self.env, "FLWR_HOME": str(home)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped with its children
+            )
         self.processes.append(process)
         return process
 
@@ -138,12 +153,24 @@ class LocalDeployment:
             time.sleep(0.5)
         raise TimeoutError(f"{online} of {count} SuperNodes online: {self.logs()}")
 
-    def run(self, app: Path, config: str = "", timeout: float = 600):
-        """`flwr run APP local --stream`: waits for the run to end; its output."""
+    def runs(self) -> dict[str, dict]:
+        """`flwr ls`: every run by id, with its `status` (`finished:completed` when it
+        succeeded) and `status-details`."""
+        done = self.flwr("ls", "local", "--format", "json", timeout=60)
+        return {run["run-id"]: run for run in json.loads(done.stdout)["runs"]}
+
+    def run(self, app: Path, config: str = "", timeout: float = 600) -> FlowerRun:
+        """`flwr run APP local --stream`: waits for the run to end. `flwr run` exits 0 even
+        when the ServerApp fails, so the run's status is read from `flwr ls`."""
+        before = set(self.runs())
         args = ["run", str(app), "local", "--stream"]
         if config:
             args += ["--run-config", config]
-        return self.flwr(*args, timeout=timeout)
+        done = self.flwr(*args, timeout=timeout)
+        new = [run for key, run in self.runs().items() if key not in before]
+        if len(new) != 1:
+            raise RuntimeError(f"flwr run started {len(new)} runs: {done.stdout[-2000:]}")
+        return FlowerRun(done.stdout + done.stderr, new[0]["status"], new[0]["status-details"])
 
     def kill_node(self, i: int) -> None:
         os.killpg(self.nodes[i].pid, signal.SIGKILL)

@@ -33,7 +33,7 @@ def test_tls_and_node_auth_deployment_equals_fedrc_train(
     out = tmp_path / "flower"
     write_app(tmp_path / "app", tiny_data, out, "fedrc", "--rounds=2", "--wait=60")
     done = secure.run(tmp_path / "app", timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + secure.logs()
+    assert done.status == "finished:completed", done.output[-3000:] + secure.logs()
     assert_same_run(expected, out)
 
 
