@@ -107,7 +107,7 @@ def answer_train(node: NodeData, executor: SequentialExecutor, content: wire.Rec
     try:
         results = [result for _, result in executor.stream(work)]
     except NonFiniteLoss as e:
-        return wire.failure(f"client {e.job[0].client}, model {e.job[0].model}: {e}", True)
+        return wire.failure(str(e), job=e.index)
     for result in results:
         result.params = result.params.cpu()
     return wire.train_reply(results)

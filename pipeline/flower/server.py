@@ -178,7 +178,7 @@ class Nodes:
                     continue
                 self.traffic["received"] += record_bytes(reply.content)
                 error = wire.failed(reply.content)
-                if error is not None and not error[1]:  # a diverged training is the loop's
+                if error is not None and error[1] is None:  # a diverged training: the loop's
                     raise FedrcError(f"node {node}: {error[0]}")
                 yield requests[index], reply.content
             now = time.monotonic()
@@ -298,7 +298,7 @@ class RemoteExecutor(SequentialExecutor):
             batch = batch_of[id(request[2])]
             error = wire.failed(content)
             if error is not None:
-                raise NonFiniteLoss(error[0], job=batch[0])
+                raise NonFiniteLoss(error[0], job=batch[error[1]])
             yield from zip(batch, wire.read_train_reply(content))
 
 

@@ -52,15 +52,20 @@ def tensor(record: ArrayRecord, name: str) -> torch.Tensor:
     return torch.from_numpy(record[name].numpy())
 
 
-def failure(message: str, diverged: bool = False) -> RecordDict:
-    """A node's one-line error; `diverged`: a local training's loss was not finite."""
-    return RecordDict({"failure": ConfigRecord({"message": message, "diverged": diverged})})
+def failure(message: str, job: int | None = None) -> RecordDict:
+    """A node's one-line error; `job`: the position, in the request, of the local training
+    whose loss was not finite (the run stops with the loop's divergence message)."""
+    values = {"message": message, "job": -1 if job is None else job}
+    return RecordDict({"failure": ConfigRecord(values)})
 
 
-def failed(content: RecordDict) -> tuple[str, bool] | None:
-    """(message, diverged) when the reply is a node's error line, else None."""
+def failed(content: RecordDict) -> tuple[str, int | None] | None:
+    """(message, diverged job or None) when the reply is a node's error line, else None."""
     status = content.config_records.get("failure")
-    return None if status is None else (str(status["message"]), bool(status["diverged"]))
+    if status is None:
+        return None
+    job = int(status["job"])
+    return str(status["message"]), None if job < 0 else job
 
 
 # --- hello -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ numbers as `fedrc train` for every kind of algorithm, nodes lost, nodes refused.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -259,3 +260,16 @@ def test_persistent_momentum_is_refused(tiny_data: Path, tmp_path: Path) -> None
     config = flower_config(tiny_data, "fedavg", tmp_path / "run", persistent_momentum=True)
     with pytest.raises(FedrcError, match="persistent_momentum: not available on Flower"):
         serve(grid_for(tiny_data, config), config, FAST, False, False)
+
+
+def test_a_diverged_training_is_the_loops_line_naming_its_client(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(FedrcError) as single:
+        reference(flower_config(tiny_data, "fedavg", tmp_path / "single", lr=1e6))
+    config = flower_config(tiny_data, "fedavg", tmp_path / "flower", lr=1e6)
+    with pytest.raises(FedrcError) as flower:
+        serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
+    form = r"round 1, client \d+, model 0: local loss (nan|inf) — training diverged; lower --lr .*"
+    assert re.fullmatch(form, str(single.value)), single.value
+    assert re.fullmatch(form, str(flower.value)), flower.value  # the client named once
