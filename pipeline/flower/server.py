@@ -83,6 +83,13 @@ class Nodes:
                 )
             offset = 0
             for client in hello.clients:
+                if self.holder.get(client, node) != node:
+                    log.warning(
+                        "client %d: node %d takes over from node %d",
+                        client,
+                        node,
+                        self.holder[client],
+                    )
                 size = self.manifest.clients[client].size
                 self.labels[client] = hello.labels[offset : offset + size]
                 self.holder[client] = node

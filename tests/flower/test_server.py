@@ -273,3 +273,15 @@ def test_a_diverged_training_is_the_loops_line_naming_its_client(
     form = r"round 1, client \d+, model 0: local loss (nan|inf) — training diverged; lower --lr .*"
     assert re.fullmatch(form, str(single.value)), single.value
     assert re.fullmatch(form, str(flower.value)), flower.value  # the client named once
+
+
+def test_a_client_two_nodes_hold_goes_to_the_later_with_a_warning(
+    tiny_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    nodes = grid_for(tiny_data, config).nodes
+    grid = LocalGrid({**nodes, 104: nodes[101]}, run_config(config))  # 101 restarted as 104
+    registry = Nodes(grid, read_manifest(tiny_data), FAST)
+    registry.connect()
+    assert registry.clients_of(104) == [0, 3, 6, 9, 12] and registry.clients_of(101) == []
+    assert "client 0: node 104 takes over from node 101" in caplog.text
