@@ -79,14 +79,20 @@ class DyingGrid(LocalGrid):
         return super().push_messages(messages)
 
 
-def test_lost_node_the_round_finishes_without_it(tiny_data: Path, tmp_path: Path) -> None:
-    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=3, eval_every=3)
-    grid = DyingGrid(grid_for(tiny_data, config).nodes, run_config(config), victim=102)
+def losing_node_102(grid_class, data: Path, out: Path, rounds: int):
+    """FedAvg with evaluation at the end, losing node 102 in round 2 (`continue`): the
+    configuration, the metrics rows, and the clients of node 102."""
+    config = flower_config(data, "fedavg", out, rounds=rounds, eval_every=rounds)
+    grid = grid_class(grid_for(data, config).nodes, run_config(config), victim=102)
     deployment = Deployment(wait=5, timeout=2, on_node_loss="continue")
-    out = serve(grid, config, deployment, resume=False, overwrite=False)
-    rows = read_metrics(out / METRICS)
+    serve(grid, config, deployment, resume=False, overwrite=False)
+    lost = {int(c) for c in node_configs(data)[1]["fedrc-clients"].split(",")}
+    return config, read_metrics(out / METRICS), lost
+
+
+def test_lost_node_the_round_finishes_without_it(tiny_data: Path, tmp_path: Path) -> None:
+    config, rows, lost = losing_node_102(DyingGrid, tiny_data, tmp_path / "run", rounds=3)
     assert [r["round"] for r in rows] == [1, 2, 3]
-    lost = {int(c) for c in node_configs(tiny_data)[1]["fedrc-clients"].split(",")}
     # round 3 samples as usual, and the lost node's clients sit out as if not sampled
     sampled = sample_clients(list(range(12)), config.participation, config.seed, 3)
     assert rows[2]["clients"] == len([c for c in sampled if c not in lost]) < len(sampled)
@@ -104,13 +110,8 @@ class RejoiningGrid(DyingGrid):
 
 
 def test_lost_node_that_rejoins_is_greeted_again(tiny_data: Path, tmp_path: Path) -> None:
-    config = flower_config(tiny_data, "fedavg", tmp_path / "run", rounds=4, eval_every=4)
-    grid = RejoiningGrid(grid_for(tiny_data, config).nodes, run_config(config), victim=102)
-    deployment = Deployment(wait=5, timeout=2, on_node_loss="continue")
-    out = serve(grid, config, deployment, resume=False, overwrite=False)
-    rows = read_metrics(out / METRICS)
+    config, rows, lost = losing_node_102(RejoiningGrid, tiny_data, tmp_path / "run", rounds=4)
     third, fourth = (sample_clients(list(range(12)), 0.5, config.seed, r) for r in (3, 4))
-    lost = {int(c) for c in node_configs(tiny_data)[1]["fedrc-clients"].split(",")}
     # round 3 finds it gone; round 4 finds it back and greets it
     assert rows[2]["clients"] == len([c for c in third if c not in lost]) < len(third)
     assert rows[3]["clients"] == len(fourth) and lost & set(fourth)
