@@ -55,7 +55,7 @@ def test_a_fedrc_error_fails_the_run_with_one_line(
 
 def test_killed_supernode_the_run_finishes_without_it(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "flower"
-    write_app(tmp_path / "app", tiny_data, out, "fedavg", "--rounds=4", "--timeout=90")
+    write_app(tmp_path / "app", tiny_data, out, "fedavg", "--rounds=4", "--timeout=45")
     with LocalDeployment(tmp_path / "deployment", node_configs(tiny_data)) as deployment:
         before = set(deployment.runs())
         env = {**deployment.env, "FLWR_HOME": str(deployment.root / "cli")}
