@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from pipeline.algorithms import BUILT_IN
 from pipeline.config import PartitionConfig
@@ -26,6 +29,18 @@ PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # those with a proximal μ
 TINY_PARTITION = dict(dataset="synthetic", clients=12, samples_per_client=60, holdout_samples=200)
 TINY_TRAIN = dict(rounds=3, local_epochs=2, batch_size=16, lr=0.05, clusters=2, device="cpu")
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch on `count` threads: a convolution's rounding depends on how many threads split
+    it, so a result compared with a stored or another process's one fixes the count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def load_script(path: Path) -> ModuleType:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from conftest import assert_metrics_close
+from conftest import assert_metrics_close, torch_threads
 
 from pipeline.config import TrainConfig, config_dict
 from pipeline.resolve import make_config
@@ -43,21 +41,9 @@ def run_config(config: TrainConfig) -> dict:
     return {"fedrc-train": json.dumps(config_dict(config))}
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Torch on one thread, as each SuperNode of a LocalDeployment (OMP_NUM_THREADS=1): a
-    convolution's result may depend on how many threads split it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def reference(config: TrainConfig) -> Path:
     """`fedrc train` in this process, on one thread like each node."""
-    with one_thread():
+    with torch_threads(1):
         return run_training(config)
 
 

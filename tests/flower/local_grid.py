@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from flower_runs import one_thread
+from conftest import torch_threads
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -35,7 +35,7 @@ class LocalGrid:
             if node in self.down:
                 continue
             context = Context(1, node, self.nodes[node], RecordDict(), self.run_config)
-            with one_thread():
+            with torch_threads(1):  # as a SuperNode of LocalDeployment (OMP_NUM_THREADS=1)
                 self.replies[message_id] = client_app(message, context)
         return ids
 
