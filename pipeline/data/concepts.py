@@ -10,6 +10,8 @@ A concept is written `kind` or `kind:parameter` in `partition.concepts`:
 | `permutation` | π(y), π a random permutation seeded by the parameter   | seed, an integer (0)  |
 | `pair_flip`   | (y + 1) mod C for a fraction σ of each client's labels | σ in [0, 1] (0.2)     |
 | `symmetric`   | a uniformly random other class for a fraction σ        | σ in [0, 1] (0.2)     |
+| `swap`        | a ↔ b, every other class unchanged (FedDrift, FedCCFA)  | `a-b` (`1-2`)         |
+| `native`      | the dataset's own labelling rule k (drift streams)     | k, an integer (0)     |
 
 The permutation depends only on its own seed, not on the partition seed, so a concept means the
 same in every benchmark. The noise kinds draw which samples flip per client (fresh randomness).
@@ -24,14 +26,17 @@ import numpy as np
 
 from pipeline.errors import FedrcError
 
-KINDS = ("identity", "reverse", "shift", "permutation", "pair_flip", "symmetric")
-DEFAULTS: dict[str, float | int | None] = {
+KINDS = ("identity", "reverse", "shift", "permutation", "pair_flip", "symmetric", "swap", "native")
+Parameter = float | int | tuple[int, int] | None
+DEFAULTS: dict[str, Parameter] = {
     "identity": None,
     "reverse": None,
     "shift": 1,
     "permutation": 0,
     "pair_flip": 0.2,
     "symmetric": 0.2,
+    "swap": (1, 2),
+    "native": 0,
 }
 
 
@@ -39,11 +44,37 @@ DEFAULTS: dict[str, float | int | None] = {
 class Concept:
     name: str  # as written in params, e.g. "shift:2"
     kind: str
-    parameter: float | int | None
+    parameter: Parameter
 
-    def relabel(self, labels: np.ndarray, num_classes: int, rng: np.random.Generator) -> np.ndarray:
-        """The labels a client of this concept sees for true classes `labels`."""
+    def check(self, num_classes: int, rules: int) -> None:
+        """What only the loaded dataset can tell: classes a swap names, a rule it has."""
+        if self.kind == "swap" and max(self.parameter) >= num_classes:  # type: ignore[arg-type]
+            raise FedrcError(
+                f"partition.concepts: {self.name!r} names a class beyond the dataset's "
+                f"{num_classes} (0..{num_classes - 1})"
+            )
+        if self.kind == "native" and self.parameter >= rules:  # type: ignore[operator]
+            has = f"has rules 0..{rules - 1}" if rules else "has no labelling rules of its own"
+            raise FedrcError(f"partition.concepts: {self.name!r}: the dataset {has}")
+
+    def relabel(
+        self,
+        labels: np.ndarray,
+        num_classes: int,
+        rng: np.random.Generator,
+        samples: np.ndarray | None = None,
+        rules: tuple = (),
+    ) -> np.ndarray:
+        """The labels a client of this concept sees for true classes `labels` (a `native`
+        concept: for `samples`, by the dataset's rule)."""
         y = labels.astype(np.int64)
+        if self.kind == "native":
+            return np.asarray(rules[self.parameter](samples), dtype=np.int64)  # type: ignore[index]
+        if self.kind == "swap":
+            a, b = self.parameter  # type: ignore[misc]
+            out = y.copy()
+            out[y == a], out[y == b] = b, a
+            return out
         if self.kind == "identity":
             return y.copy()
         if self.kind == "reverse":
@@ -73,6 +104,8 @@ def parse_concept(spec: str) -> Concept:
         return Concept(spec, kind, default)
     if default is None:
         raise FedrcError(f"partition.concepts: {kind!r} takes no parameter, got {spec!r}")
+    if kind == "swap":
+        return Concept(spec, kind, _pair(spec, text))
     try:
         value: float | int = int(text) if isinstance(default, int) else float(text)
     except ValueError:
@@ -80,9 +113,17 @@ def parse_concept(spec: str) -> Concept:
         raise FedrcError(f"partition.concepts: {spec!r}: expected {expected} after ':'") from None
     if kind in ("pair_flip", "symmetric") and not 0 <= value <= 1:
         raise FedrcError(f"partition.concepts: {spec!r}: the noise rate must be in [0, 1]")
-    if kind == "permutation" and value < 0:
-        raise FedrcError(f"partition.concepts: {spec!r}: the seed must be >= 0")
+    if kind in ("permutation", "native") and value < 0:
+        raise FedrcError(f"partition.concepts: {spec!r}: the parameter must be >= 0")
     return Concept(spec, kind, value)
+
+
+def _pair(spec: str, text: str) -> tuple[int, int]:
+    """`a-b` of a swap: two distinct classes."""
+    a, _, b = text.partition("-")
+    if not (a.isdigit() and b.isdigit()) or a == b or int(a) == int(b):
+        raise FedrcError(f"partition.concepts: {spec!r}: expected swap:a-b with two distinct classes")
+    return int(a), int(b)
 
 
 def parse_concepts(specs: list[str]) -> list[Concept]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,9 @@ class RawDataset:
     test_labels: np.ndarray
     num_classes: int
     source: str  # where the files came from, recorded in the manifest
+    # A dataset whose concepts are its own labelling rules (the drift streams: SINE, SEA, …):
+    # rule k maps stored samples (N, H, W, C) uint8 to their labels under concept `native:k`.
+    label_rules: tuple[Callable[[np.ndarray], np.ndarray], ...] = ()
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
