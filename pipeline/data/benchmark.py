@@ -60,6 +60,8 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
     pool_labels = np.tile(raw.train_labels, config.replicate)
     split = split_labels(config, pool_labels, raw.num_classes, np.random.default_rng(split_seq))
     concepts = used_concepts(config)
+    for concept_ in concepts:
+        concept_.check(raw.num_classes, len(raw.label_rules))
     groups = mix_groups(config.client_mix, len(config.concepts), config.client_shares)
     concept, corrupted = client_types(config.clients, groups, np.random.default_rng(types_seq))
     if "concept" not in config.shifts:
@@ -100,13 +102,13 @@ def _clients(
         group: int | None,
     ) -> ClientData:
         rng = np.random.default_rng(seeds[i])
-        style, severity = "none", 0
+        style, severity, clean = "none", 0, images
         if is_corrupted:
             style = styles[style_rng.integers(len(styles))]
             severity = int(style_rng.integers(1, 6))
             images = corrupt(images, style, severity, seed=int(rng.integers(2**31)))
         is_test = train_test_split(true.size, config.test_fraction, rng)
-        labels = concepts[c].relabel(true, raw.num_classes, rng)
+        labels = concepts[c].relabel(true, raw.num_classes, rng, clean, raw.label_rules)
         return ClientData(
             i, participating, c, style, severity, images, true, labels, is_test, group
         )
