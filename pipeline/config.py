@@ -19,6 +19,7 @@ import yaml
 from pipeline.data.client_mix import MIXES, check_shares
 from pipeline.data.concepts import parse_concepts
 from pipeline.data.corruptions import CORRUPTIONS, accepted, suite_name
+from pipeline.data.drift import PRESETS, check_drift
 from pipeline.data.loaders import DATASETS
 from pipeline.errors import FedrcError
 from pipeline.settings import coerce, field_types
@@ -123,6 +124,20 @@ class PartitionConfig:
         "Samples per non-participating client (class-balanced, from the test set); none: the "
         "whole test set.",
     )
+    time_steps: int = option(
+        1,
+        "Time steps T: each client's samples are dealt into T parts, one per step, each with "
+        "its concept of that step (1: a static benchmark).",
+    )
+    drift_share: float = option(
+        0.0, "Share of participating clients that move to another concept at each step after "
+        "the first."
+    )  # fmt: skip
+    drift: Any = option(
+        None,
+        f"A drift schedule: a preset ({', '.join(PRESETS)}) or, in params.yaml, a list of "
+        "events {step, clients | share, concept}.",
+    )
     seed: int = option(0, "Seed: same seed, same bytes.")
     out: str = option("data/federated", "Output folder.")
 
@@ -171,6 +186,29 @@ class PartitionConfig:
         _require(0 < tf < 1, f"{p}.test_fraction", "a number in (0, 1)", tf)
         hs = self.holdout_samples
         _require(hs is None or hs >= 10, f"{p}.holdout_samples", ">= 10 or null", hs)
+        self._validate_drift(concepts)
+
+    @property
+    def steps(self) -> int:
+        """T: `time_steps`, or the drift preset's number of steps."""
+        if isinstance(self.drift, str) and self.drift in PRESETS:
+            return PRESETS[self.drift].time_steps
+        return self.time_steps
+
+    @property
+    def drifts(self) -> bool:
+        return self.drift is not None or self.drift_share > 0
+
+    def _validate_drift(self, concepts: list[Any]) -> None:
+        p, t = "partition", self.time_steps
+        _require(isinstance(t, int) and t >= 1, f"{p}.time_steps", "an integer >= 1", t)
+        ds = self.drift_share
+        _require(0 <= ds <= 1, f"{p}.drift_share", "a number in [0, 1]", ds)
+        if self.drifts:
+            _require("concept" in self.shifts, f"{p}.shifts", "concept among them for drift",
+                     self.shifts)  # fmt: skip
+        names = [c.name for c in concepts]
+        check_drift(self.drift, ds, t, self.clients, names)
 
     def check_classes(self, num_classes: int) -> None:
         """The label-split settings that count classes, against the dataset's number."""

@@ -6,10 +6,16 @@ client, the concept's label map, a seeded train/test split. Non-participating cl
 concept, a class-balanced part of the test set with that concept's label map (clean unless
 `holdout_corrupted`), split the same way into a labelled part for the E-step (`train`) and a
 scored part (`test`). `shifts` switches label, feature or concept shift off (Table 8).
+
+Drift over time (T = `time_steps` > 1, `pipeline.data.drift`): a participating client's samples
+(`samples_per_client` per step) are dealt at random into T parts, one per step, each split into
+train and test and labelled by the client's concept at that step; its style stays. The static
+benchmark (T = 1) draws exactly as before, so its shards are unchanged byte for byte.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Iterator
@@ -22,6 +28,7 @@ from pipeline.config import PartitionConfig, config_dict
 from pipeline.data.client_mix import client_types, mix_groups
 from pipeline.data.concepts import Concept, parse_concepts
 from pipeline.data.corruptions import check_style, corrupt, suite_for
+from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
 from pipeline.data.records import ClientRecord, Manifest, MixGroup, content_hash, write_manifest
@@ -53,12 +60,19 @@ def used_concepts(config: PartitionConfig) -> list[Concept]:
 def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientData]:
     """Every client, participating ones first. Splits and types are drawn now (so bad settings
     fail before anything is written); images are gathered and corrupted one client at a time."""
-    split_seq, types_seq, style_seq, holdout_seq, client_seq = np.random.SeedSequence(
+    # the first five as in every fedrc before drift, so a static benchmark draws the same
+    split_seq, types_seq, style_seq, holdout_seq, client_seq, drift_seq = np.random.SeedSequence(
         config.seed
-    ).spawn(5)
+    ).spawn(6)
     config.check_classes(raw.num_classes)  # a dataset may tell its classes only once loaded
     pool_labels = np.tile(raw.train_labels, config.replicate)
-    split = split_labels(config, pool_labels, raw.num_classes, np.random.default_rng(split_seq))
+    steps, quota = config.steps, config.samples_per_client
+    split_config = config if steps == 1 or quota is None else dataclasses.replace(
+        config, samples_per_client=quota * steps
+    )  # fmt: skip
+    split = split_labels(
+        split_config, pool_labels, raw.num_classes, np.random.default_rng(split_seq)
+    )
     concepts = used_concepts(config)
     for concept_ in concepts:
         concept_.check(raw.num_classes, len(raw.label_rules))
@@ -72,9 +86,27 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
         raw.test_labels, raw.num_classes, config.holdout_samples, np.random.default_rng(holdout_seq)
     )
     styles = resolve_styles(config, raw.image_shape[-1])
+    schedule = None
+    if steps > 1:
+        names = [c.name for c in concepts]
+        rng = np.random.default_rng(drift_seq)
+        schedule = build_schedule(config.drift, config.drift_share, steps, concept, names, rng)
+        concept = schedule[0]
+        _check_parts(split, steps)
     return _clients(
-        config, raw, split, concepts, concept, corrupted, holdout, style_seq, client_seq, styles
-    )
+        config, raw, split, concepts, concept, corrupted, holdout, style_seq, client_seq, styles,
+        schedule,
+    )  # fmt: skip
+
+
+def _check_parts(split: LabelSplit, steps: int) -> None:
+    """Every step of every client needs a train and a test sample."""
+    smallest = min(len(idx) for idx in split.indices)
+    if smallest < 2 * steps:
+        raise FedrcError(
+            f"partition.time_steps: a client holds {smallest} samples, too few for {steps} steps "
+            "(each needs a train and a test sample); raise samples_per_client or lower time_steps"
+        )
 
 
 def _clients(
@@ -88,6 +120,7 @@ def _clients(
     style_seq: np.random.SeedSequence,
     client_seq: np.random.SeedSequence,
     styles: list[str],
+    schedule: np.ndarray | None = None,
 ) -> Iterator[ClientData]:
     style_rng = np.random.default_rng(style_seq)
     seeds = client_seq.spawn(config.clients + len(concepts))
@@ -107,10 +140,36 @@ def _clients(
             style = styles[style_rng.integers(len(styles))]
             severity = int(style_rng.integers(1, 6))
             images = corrupt(images, style, severity, seed=int(rng.integers(2**31)))
-        is_test = train_test_split(true.size, config.test_fraction, rng)
-        labels = concepts[c].relabel(true, raw.num_classes, rng, clean, raw.label_rules)
-        return ClientData(
-            i, participating, c, style, severity, images, true, labels, is_test, group
+        client = ClientData(i, participating, c, style, severity, images, true, true, true, group)
+        if schedule is not None and participating:
+            return _over_time(client, clean, schedule[:, i], rng)
+        if schedule is not None:  # a held-out client: the same rows at every step
+            client.step = np.zeros(true.size, dtype=np.int64)
+        client.is_test = train_test_split(true.size, config.test_fraction, rng)
+        client.labels = concepts[c].relabel(true, raw.num_classes, rng, clean, raw.label_rules)
+        return client
+
+    def _over_time(
+        client: ClientData, clean: np.ndarray, row: np.ndarray, rng: np.random.Generator
+    ) -> ClientData:
+        """The client's samples dealt into one part per step, each with that step's concept."""
+        parts = np.array_split(rng.permutation(client.true_labels.size), row.size)
+        order = np.concatenate(parts)
+        labels = [
+            concepts[k].relabel(client.true_labels[p], raw.num_classes, rng, clean[p],
+                                raw.label_rules)
+            for p, k in zip(parts, row)
+        ]  # fmt: skip
+        sizes = [p.size for p in parts]
+        return dataclasses.replace(
+            client,
+            concept=int(row[0]),
+            images=client.images[order],
+            true_labels=client.true_labels[order],
+            labels=np.concatenate(labels),
+            is_test=np.concatenate([train_test_split(n, config.test_fraction, rng) for n in sizes]),
+            step=np.repeat(np.arange(row.size), sizes),
+            row_concept=np.repeat(row, sizes),
         )
 
     n = raw.train_labels.size
@@ -174,6 +233,7 @@ def benchmark_manifest(
         clients=clients,
         files=files,
         content_hash=content_hash(files),
+        time_steps=config.steps,
     )
 
 
@@ -181,7 +241,7 @@ def write_benchmark(config: PartitionConfig, raw: RawDataset) -> Manifest:
     """Build the benchmark from `raw` into `config.out` in one atomic step; returns the manifest."""
     clients = build_clients(config, raw)
     with atomic_dir(Path(config.out)) as tmp:
-        records, files = write_shards(tmp, clients, raw.num_classes)
+        records, files = write_shards(tmp, clients, raw.num_classes, config.steps)
         manifest = benchmark_manifest(config, raw, records, files)
         write_manifest(tmp, manifest)
         (tmp / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")

@@ -122,7 +122,9 @@ def _pair(spec: str, text: str) -> tuple[int, int]:
     """`a-b` of a swap: two distinct classes."""
     a, _, b = text.partition("-")
     if not (a.isdigit() and b.isdigit()) or a == b or int(a) == int(b):
-        raise FedrcError(f"partition.concepts: {spec!r}: expected swap:a-b with two distinct classes")
+        raise FedrcError(
+            f"partition.concepts: {spec!r}: expected swap:a-b with two distinct classes"
+        )
     return int(a), int(b)
 
 

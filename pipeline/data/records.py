@@ -10,6 +10,7 @@ the records existed, so older format-2 manifests load unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -115,6 +116,10 @@ class _Fields:
         ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
         return self._get(key, ok, "an object of strings")
 
+    def optional_items(self, key: str) -> list[tuple[str, Any]]:
+        """`items` of a list that older files lack (none then)."""
+        return self.items(key) if key in self.data else []
+
     def items(self, key: str) -> list[tuple[str, Any]]:
         """A list's items, each with its name for messages (`clients[3]`)."""
         value = self._get(key, isinstance(self._value(key), list), "a list")
@@ -122,8 +127,49 @@ class _Fields:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """What a participating client holds at one time step of a drifting benchmark."""
+
+    concept: int  # index into Manifest.concepts
+    style: str
+    severity: int
+    train_size: int
+    test_size: int
+    label_histogram: tuple[int, ...]
+    true_label_histogram: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "concept": self.concept,
+            "style": self.style,
+            "severity": self.severity,
+            "train_size": self.train_size,
+            "test_size": self.test_size,
+            "label_histogram": list(self.label_histogram),
+            "true_label_histogram": list(self.true_label_histogram),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path, name: str) -> StepRecord:
+        fields = _Fields(path, name, data)
+        return cls(
+            concept=fields.count("concept"),
+            style=fields.string("style"),
+            severity=fields.count("severity"),
+            train_size=fields.count("train_size"),
+            test_size=fields.count("test_size"),
+            label_histogram=fields.counts("label_histogram"),
+            true_label_histogram=fields.counts("true_label_histogram"),
+        )
+
+
+@dataclass(frozen=True)
 class ClientRecord:
-    """One client's summary: who it is and how much of what it holds."""
+    """One client's summary: who it is and how much of what it holds.
+
+    In a drifting benchmark a participating client also has one `StepRecord` per time step; the
+    top-level fields then describe its whole shard (sizes and histograms summed over the steps,
+    the concept of step 0), and `at_step(t)` is the record as seen at step t."""
 
     client_id: int
     participating: bool
@@ -135,11 +181,28 @@ class ClientRecord:
     test_size: int
     label_histogram: tuple[int, ...]  # training labels after the concept's label map
     true_label_histogram: tuple[int, ...]  # training labels before it
+    steps: tuple[StepRecord, ...] = ()  # per time step (drifting benchmarks, participating)
 
     @property
     def size(self) -> int:
-        """Rows in the client's shard: its train and test splits."""
+        """Rows of the client in the view: its train and test splits."""
         return self.train_size + self.test_size
+
+    def at_step(self, step: int) -> ClientRecord:
+        """The record at `step` (a held-out or static client is the same at every step)."""
+        if not self.steps:
+            return self
+        s = self.steps[step]
+        return dataclasses.replace(
+            self,
+            concept=s.concept,
+            style=s.style,
+            severity=s.severity,
+            train_size=s.train_size,
+            test_size=s.test_size,
+            label_histogram=s.label_histogram,
+            true_label_histogram=s.true_label_histogram,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +216,7 @@ class ClientRecord:
             "test_size": self.test_size,
             "label_histogram": list(self.label_histogram),
             "true_label_histogram": list(self.true_label_histogram),
+            **({"steps": [s.to_json() for s in self.steps]} if self.steps else {}),
         }
 
     @classmethod
@@ -170,6 +234,10 @@ class ClientRecord:
             test_size=fields.count("test_size"),
             label_histogram=fields.counts("label_histogram"),
             true_label_histogram=fields.counts("true_label_histogram"),
+            steps=tuple(
+                StepRecord.from_json(step, path, f"{name}.{key}")
+                for key, step in fields.optional_items("steps")
+            ),
         )
 
 
@@ -216,6 +284,21 @@ class Manifest:
     files: dict[str, str]  # shard file name → SHA-256
     content_hash: str
     format_version: int = FORMAT_VERSION
+    time_steps: int = 1  # T; written only when > 1 (a drifting benchmark)
+
+    @property
+    def schedule(self) -> list[list[int]]:
+        """[step][participating client] → concept index: the drift schedule."""
+        return [
+            [c.at_step(t).concept for c in self.clients if c.participating]
+            for t in range(self.time_steps)
+        ]
+
+    def at_step(self, step: int) -> Manifest:
+        """The manifest as seen at `step`: each client's record of that step."""
+        if self.time_steps == 1:
+            return self
+        return dataclasses.replace(self, clients=tuple(c.at_step(step) for c in self.clients))
 
     @property
     def participating(self) -> list[int]:
@@ -244,6 +327,7 @@ class Manifest:
             "format_version": self.format_version,
             "files": self.files,
             "content_hash": self.content_hash,
+            **({"time_steps": self.time_steps} if self.time_steps > 1 else {}),
         }
 
     @classmethod
@@ -285,6 +369,7 @@ class Manifest:
             files=fields.string_map("files"),
             content_hash=fields.string("content_hash"),
             format_version=version,
+            time_steps=fields.count("time_steps") if "time_steps" in data else 1,
         )
         manifest._check(path)
         return manifest
@@ -300,8 +385,36 @@ class Manifest:
                     f"{path}: clients[{i}].concept: expected an index into concepts "
                     f"(0..{len(self.concepts) - 1}), got {client.concept}"
                 )
+        self._check_steps(path)
         if content_hash(self.files) != self.content_hash:
             raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
+
+    def _check_steps(self, path: Path) -> None:
+        """A participating client of a drifting benchmark has a record per step that adds up
+        to its shard; a static one, and every held-out client, has none."""
+        if self.time_steps < 1:
+            raise FedrcError(f"{path}: time_steps: expected an integer >= 1, got {self.time_steps}")
+        for i, client in enumerate(self.clients):
+            want = self.time_steps if client.participating and self.time_steps > 1 else 0
+            if len(client.steps) != want:
+                raise FedrcError(
+                    f"{path}: clients[{i}].steps: expected {want} step records, got "
+                    f"{len(client.steps)}"
+                )
+            if not want:
+                continue
+            sizes = (
+                sum(s.train_size for s in client.steps),
+                sum(s.test_size for s in client.steps),
+            )
+            if sizes != (client.train_size, client.test_size):
+                raise FedrcError(f"{path}: clients[{i}].steps: sizes do not add up to the client's")
+            for t, step in enumerate(client.steps):
+                if step.concept >= len(self.concepts):
+                    raise FedrcError(
+                        f"{path}: clients[{i}].steps[{t}].concept: expected an index into "
+                        f"concepts, got {step.concept}"
+                    )
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
