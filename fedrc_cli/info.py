@@ -95,4 +95,23 @@ def render(d: dict[str, Any]) -> Group:
     ]
     for what, value in rows:
         numbers.add_row(what, value)
-    return Group(clients, numbers)
+    if "drift" not in d:
+        return Group(clients, numbers)
+    return Group(clients, numbers, drift_table(d["drift"]))
+
+
+def drift_table(drift: dict[str, Any]) -> Table:
+    """The schedule, a row per time step: clients per concept and who drifted."""
+    table = Table(title=f"drift over {drift['time_steps']} time steps ({drift['schedule']})")
+    table.add_column("step", justify="right")
+    names = list(drift["steps"][0]["clients_by_concept"])
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_column("drifted (recurring / new)")
+    for step in drift["steps"]:
+        moved = step["drifted"]
+        shown = ", ".join(map(str, moved[:8])) + (f" … ({len(moved)})" if len(moved) > 8 else "")
+        what = f"{shown} ({step['recurring']} / {step['new']})" if moved else "–"
+        counts = [str(step["clients_by_concept"][n]) for n in names]
+        table.add_row(str(step["step"]), *counts, what)
+    return table

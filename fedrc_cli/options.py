@@ -46,8 +46,9 @@ def _shown(value: Any) -> str:
 
 
 def _option_type(annotation: Any) -> Any:
-    """The CLI type: X for `X | None`; a list is given comma-separated, as one string."""
-    if _list_item(annotation) is not None:
+    """The CLI type: X for `X | None`; a list is given comma-separated, as one string, and so
+    is a field of any type (`partition.drift`: a name on the command line)."""
+    if _list_item(annotation) is not None or annotation is Any:
         return str
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     return args[0] if args else annotation

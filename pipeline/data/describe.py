@@ -35,6 +35,32 @@ def label_heterogeneity(histograms: np.ndarray) -> dict[str, Any]:
     }
 
 
+def drift_summary(manifest: Manifest) -> dict[str, Any] | None:
+    """The drift schedule step by step: clients per concept, and who drifted to a concept they
+    held before (recurring) or to one they had not (new). None for a static benchmark."""
+    if manifest.time_steps == 1:
+        return None
+    schedule = np.asarray(manifest.schedule)
+    config = manifest.config
+    how = config.get("drift") or f"share {config.get('drift_share', 0):g} a step"
+    steps = []
+    for t, row in enumerate(schedule):
+        moved = np.flatnonzero(row != schedule[t - 1]) if t else np.zeros(0, int)
+        recurring = sum(int(row[i] in schedule[:t, i]) for i in moved)
+        steps.append(
+            {
+                "step": t,
+                "clients_by_concept": {
+                    name: int((row == k).sum()) for k, name in enumerate(manifest.concepts)
+                },
+                "drifted": moved.tolist(),
+                "recurring": recurring,
+                "new": int(moved.size) - recurring,
+            }
+        )
+    return {"time_steps": manifest.time_steps, "schedule": how, "steps": steps}
+
+
 def describe(manifest: Manifest) -> dict[str, Any]:
     """The summary `fedrc info` prints (and writes with --json). Label statistics use the true
     labels of the training splits, so concept label maps do not count as label shift."""
@@ -73,4 +99,5 @@ def describe(manifest: Manifest) -> dict[str, Any]:
         "label_heterogeneity": label_heterogeneity(
             np.asarray([c.true_label_histogram for c in part], dtype=float)
         ),
+        **({"drift": drift} if (drift := drift_summary(manifest)) else {}),
     }
