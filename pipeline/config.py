@@ -254,6 +254,11 @@ class TrainConfig:
     model: str = option("cnn", "cnn, mobilenet_v2, resnet18, a plugin, or module:Name.")
     profile: str = option("paper", "paper, or reference: the authors' code's settings.")
     rounds: int = option(200, "Communication rounds.")
+    rounds_per_step: int | None = option(
+        None,
+        "Drifting benchmarks: rounds at each time step (none: rounds / T; the last step takes "
+        "the rest).",
+    )
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(128, "Local mini-batch size.")
     lr: float = option(0.1, "Local SGD learning rate.")
@@ -298,6 +303,8 @@ class TrainConfig:
         t = "train"
         _require(self.clusters >= 1, f"{t}.clusters", "an integer >= 1", self.clusters)
         _require(self.rounds >= 1, f"{t}.rounds", "an integer >= 1", self.rounds)
+        rps = self.rounds_per_step
+        _require(rps is None or rps >= 1, f"{t}.rounds_per_step", "an integer >= 1 or null", rps)
         _require(self.local_epochs >= 1, f"{t}.local_epochs", "an integer >= 1", self.local_epochs)
         _require(self.batch_size >= 1, f"{t}.batch_size", "an integer >= 1", self.batch_size)
         _require(math.isfinite(self.lr) and self.lr > 0, f"{t}.lr", "a number > 0", self.lr)
@@ -324,6 +331,24 @@ class TrainConfig:
         _require(0 < self.server_lr <= 10, f"{t}.server_lr", "a number in (0, 10]", self.server_lr)
         sb = self.skip_below
         _require(0 <= sb < 1, f"{t}.skip_below", "a number in [0, 1)", sb)
+
+    def over_steps(self, time_steps: int) -> TrainConfig:
+        """The configuration for a benchmark of `time_steps` steps: `rounds_per_step` fixed
+        (rounds / T when not given), refused when a step would get no round."""
+        if time_steps == 1:
+            return self
+        rps = self.rounds_per_step or self.rounds // time_steps
+        if rps < 1:
+            raise FedrcError(
+                f"train.rounds: {self.rounds} rounds for {time_steps} time steps; give at least "
+                "one round a step"
+            )
+        if rps * (time_steps - 1) >= self.rounds:
+            raise FedrcError(
+                f"train.rounds_per_step: {rps} rounds × {time_steps} steps needs more than "
+                f"{rps * (time_steps - 1)} rounds, train.rounds is {self.rounds}"
+            )
+        return dataclasses.replace(self, rounds_per_step=rps)
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed, flat: every field that changes the

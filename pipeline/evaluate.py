@@ -98,22 +98,38 @@ def score_clients(
     return table
 
 
-def summarize(data: FederatedData, table: torch.Tensor) -> dict[str, Any]:
+def summarize(
+    data: FederatedData, table: torch.Tensor, groups: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
     """Client-averaged train / local / global accuracy and the global accuracy per concept,
     from a (clients, 3) table of train and test accuracies of the clients that were scored;
-    `clients_scored` says how many when some were not (their node was away)."""
+    `clients_scored` says how many when some were not (their node was away). A drifting
+    benchmark adds the local accuracy per concept of the step, and each of `groups` (named
+    participating clients, e.g. those that just drifted) its mean test accuracy,
+    `<name>_accuracy`."""
     scored = table[:, 2] > 0
     part = [c for c in data.participating if scored[c]]
     held = [c for c in data.held_out if scored[c]]
     scores = table.tolist()
     by_concept = {data.manifest.concept_name(h): scores[h][1] for h in held}
     missing = {} if bool(scored.all()) else {"clients_scored": int(scored.sum())}
+    over_time = {}
+    if data.time_steps > 1:
+        local: dict[str, list[float]] = {}
+        for i in part:
+            local.setdefault(data.manifest.concept_name(i), []).append(scores[i][1])
+        over_time["local_accuracy_by_concept"] = {k: float(np.mean(v)) for k, v in local.items()}
+    for name, members in (groups or {}).items():
+        values = [scores[i][1] for i in members if scored[i]]
+        if values:
+            over_time[f"{name}_accuracy"] = float(np.mean(values))
     return {
         **missing,
         "train_accuracy": float(np.mean([scores[i][0] for i in part])),
         "local_accuracy": float(np.mean([scores[i][1] for i in part])),
         "global_accuracy": float(np.mean([scores[h][1] for h in held])),
         "global_accuracy_by_concept": by_concept,
+        **over_time,
     }
 
 
@@ -146,10 +162,12 @@ def evaluate_round(
     models: torch.Tensor,
     data: FederatedData,
     comm: Communicator,
+    groups: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
-    own place. Also returns the raw logits (R, N, classes) of every model row on this place's
-    rows: the participating clients' training rows are what the next round's E-step needs."""
+    own place (`groups`: see `summarize`). Also returns the raw logits (R, N, classes) of every
+    model row on this place's rows: the participating clients' training rows are what the next
+    round's E-step needs."""
     present = comm.present(list(range(len(data.clients))))  # asked once: one answer throughout
     mine = [c for c in present if comm.owns(c)]
     raw = all_logits(executor, models, data, mine)
@@ -160,7 +178,7 @@ def evaluate_round(
     own = personal_logits(algorithm, executor, data, mine)
     tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]
     comm.sum(tables)
-    soft, hard = (summarize(data, t) for t in tables)
+    soft, hard = (summarize(data, t, groups) for t in tables)
     return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, raw
 
 

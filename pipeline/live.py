@@ -22,6 +22,10 @@ LOGGED = {
     "train_accuracy": "train",
     "local_accuracy": "local",
     "global_accuracy": "global",
+    # drifting benchmarks (fedrc train's metrics rows name them)
+    "step": "step",
+    "next_local_accuracy": "next",
+    "drifted_accuracy": "drifted",
 }
 
 

@@ -155,20 +155,30 @@ def truncate_metrics(path: Path, last_round: int) -> None:
 
 
 def write_assignments(
-    path: Path, rounds: list[int], history: list[torch.Tensor], clients: Sequence[ClientRecord]
+    path: Path,
+    rounds: list[int],
+    history: list[torch.Tensor],
+    clients: Sequence[ClientRecord],
+    steps: list[int] | None = None,
 ) -> None:
-    """Long table: one row per (evaluated round, client) with ω as columns omega_0..omega_{K-1}."""
+    """Long table: one row per (evaluated round, client) with ω as columns omega_0..omega_{K-1}.
+    A drifting benchmark's table also has each round's `step`, and the concept of that step."""
     if not history:
         return
     num_clients, k = history[0].shape
     omega = torch.cat(history).numpy()
+    drifting = any(c.steps for c in clients)
+    at = steps if drifting and steps is not None else [0] * len(rounds)
+    concepts = [c.at_step(t).concept if c.steps else c.concept for t in at for c in clients]
     columns: dict[str, Any] = {
         "round": np.repeat(np.asarray(rounds, dtype=np.int32), num_clients),
         "client_id": np.tile(np.arange(num_clients, dtype=np.int32), len(rounds)),
         "participating": np.tile([c.participating for c in clients], len(rounds)),
-        "concept": np.tile([c.concept for c in clients], len(rounds)).astype(np.int8),
+        "concept": np.asarray(concepts).astype(np.int8),
         "style": np.tile([c.style for c in clients], len(rounds)),
     }
+    if drifting:
+        columns["step"] = np.repeat(np.asarray(at, dtype=np.int16), num_clients)
     for j in range(k):
         columns[f"omega_{j}"] = omega[:, j]
     with atomic_file(path) as tmp:

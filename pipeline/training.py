@@ -4,12 +4,15 @@ every place it runs: one process, or torchrun's ranks (`pipeline.communicate`).
 sample clients → E-step with the received models → γ-weighted local training of the K models,
 each result folded into the algorithm's running sums and dropped → sums combined over places →
 server aggregation → server bookkeeping (FedRC's C_{y,k}) → evaluate → log and checkpoint.
+On a drifting benchmark each round trains on its time step's data (`pipeline.time_steps`); the
+last round of a step is also scored on the next step's data, before any round has seen it.
 A round holds K × model of sums and one chunk of local trainings, whatever the number of
 clients.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -28,6 +31,7 @@ from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.checks import require_finite
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
+from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
@@ -41,6 +45,7 @@ from pipeline.models import build_model
 from pipeline.models.layout import head_range
 from pipeline.momentum import MomentumStore
 from pipeline.resolve import recorded_identity
+from pipeline.time_steps import ends_step, step_of
 
 RoundCallback = Callable[[dict[str, Any]], None]
 # builds a run's executor from its config and data: `make_executor` runs on this process's
@@ -313,13 +318,51 @@ def save_checkpoint(
         state.save(out, identity)
 
 
-def evaluation_checked(run: Run, round_: int) -> tuple[dict[str, Any], torch.Tensor]:
+def evaluation_checked(
+    run: Run,
+    round_: int,
+    data: FederatedData,
+    algorithm: Algorithm,
+    groups: dict[str, list[int]] | None = None,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """The round's scores and logits; every place stops when one place's logits diverged."""
-    scores, logits = evaluate_round(run.algorithm, run.executor, run.models, run.data, run.comm)
+    scores, logits = evaluate_round(algorithm, run.executor, run.models, data, run.comm, groups)
     diverged = run.comm.any(not bool(torch.isfinite(logits).all()))
     bad = torch.tensor([float("nan")]) if diverged else None
     require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
     return scores, logits
+
+
+def movers(data: FederatedData, step: int) -> list[int]:
+    """The participating clients whose concept changes at `step` (none at step 0)."""
+    if not 0 < step < data.time_steps:
+        return []
+    full = data.full_manifest or data.manifest
+    return [full.participating[i] for i in drifted(np.asarray(full.schedule), step)]
+
+
+def drift_groups(data: FederatedData, step: int) -> dict[str, list[int]]:
+    """Who drifted into this step, and who drifts out of it next (scored before their drift)."""
+    groups = {"drifted": movers(data, step), "drifting": movers(data, step + 1)}
+    return {name: clients for name, clients in groups.items() if clients}
+
+
+def next_step_scores(
+    run: Run, full: FederatedData, step: int, round_: int
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """The models and ω at the end of `step` scored on step + 1's data, which no round has
+    trained on yet (FedDrift's protocol: train on t, test on t + 1). The held-out clients fit
+    their ω on a copy of the algorithm, so the run's state is as if this had not happened; the
+    logits are the next round's E-step's."""
+    scratch = copy.deepcopy(run.algorithm)
+    following = full.at_step(step + 1)
+    groups = {"drifted": movers(full, step + 1)}
+    scores, logits = evaluation_checked(run, round_, following, scratch, groups)
+    keys = ("local_accuracy", "hard_local_accuracy", "local_accuracy_by_concept")
+    kept = {f"next_{k}": scores[k] for k in keys if k in scores}
+    if "drifted_accuracy" in scores:
+        kept["next_drifted_accuracy"] = scores["drifted_accuracy"]
+    return kept, None if "clients_scored" in scores else logits
 
 
 def run_training(
@@ -361,6 +404,7 @@ def train_run(
             else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
         )
         data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
+    config = config.over_steps(data.time_steps)  # the rounds of each time step, fixed
     comm.agree(lambda: prepare_run_dir(out, resume, overwrite), everywhere=False)
     digest = data_digest(data.manifest)
     wanted = {**config.identity(), "data_digest": digest}
@@ -390,22 +434,34 @@ def train_run(
             logged = rf.read_metrics(out / rf.METRICS) if resume else []
             live = round_logger(out, logged)
         every = checkpoint_interval(config, run)
+        full, steps, per_step = data, data.time_steps, config.rounds_per_step
 
         for round_ in range(start + 1, config.rounds + 1):
             tic = time.perf_counter()
+            step = step_of(round_, per_step, steps)
+            run.data = full.at_step(step)
             row = train_round(round_, run, cached)
             cached = None
-            if round_ % config.eval_every == 0 or round_ == config.rounds:
-                scores, cached = evaluation_checked(run, round_)
+            boundary = ends_step(round_, per_step, steps)
+            if round_ % config.eval_every == 0 or round_ == config.rounds or boundary:
+                groups = drift_groups(full, step)
+                scores, cached = evaluation_checked(run, round_, run.data, run.algorithm, groups)
                 if "clients_scored" in scores:  # an absent node's rows were not computed
                     cached = None
                 row.update(scores)
                 eval_rounds.append(round_)
                 history.append(run.algorithm.omega_table().float())
-            row = {"round": round_, **row, "seconds": time.perf_counter() - tic}
+            if boundary:
+                scores, cached = next_step_scores(run, full, step, round_)
+                row.update(scores)
+            at = {"step": step} if steps > 1 else {}
+            row = {"round": round_, **at, **row, "seconds": time.perf_counter() - tic}
             if main:
                 rf.append_metrics(out / rf.METRICS, row)
-                rf.write_assignments(out / rf.ASSIGNMENTS, eval_rounds, history, data.clients)
+                rounds_steps = [step_of(r, per_step, steps) for r in eval_rounds]
+                rf.write_assignments(
+                    out / rf.ASSIGNMENTS, eval_rounds, history, full.clients, rounds_steps
+                )
                 if live is not None:
                     live(row)
             if round_ % every == 0 or round_ == config.rounds:
