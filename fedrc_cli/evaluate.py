@@ -53,7 +53,53 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
     console.print(f"concept purity: {'n/a (one model)' if purity is None else f'{purity:.3f}'}")
     labels = result["label_purity"]
     console.print(f"label purity: {'n/a (one model)' if labels is None else f'{labels:.3f}'}")
+    if "over_time" in result:
+        console.print(step_table(result["over_time"]))
     console.print(f"Wrote {config.run}/eval.json and eval_clients.json")
+
+
+def _shown(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def step_table(over: dict[str, Any]) -> Table:
+    """A drifting run step by step: accuracy at the step's end and on the next step's data,
+    the drifted clients before and after their drift, rounds to recover, purity."""
+    table = Table(
+        title=f"over {over['time_steps']} time steps ({over['rounds_per_step']} rounds a step)",
+        caption="next: on the next step's data, before training on it; before / after: the "
+        "drifted clients' accuracy; recover: rounds until within 1 point of before (no: not "
+        "within the step)",
+    )
+    for name in ("step", "rounds", "local", "next", "drifted", "before", "after", "recover"):
+        table.add_column(name, justify="right")
+    table.add_column("purity", justify="right")
+    for s in over["steps"]:
+        recover = s.get("recovery_rounds")
+        drifted = bool(s["drifted_clients"])
+        table.add_row(
+            str(s["step"]),
+            "–".join(map(str, s["rounds"])),
+            _shown(s["local_accuracy"]),
+            _shown(s["next_accuracy"]),
+            str(s["drifted_clients"]),
+            _shown(s.get("accuracy_before_drift")),
+            _shown(s.get("accuracy_after_drift")),
+            ("no" if recover is None else str(recover)) if drifted else "–",
+            _shown(s["concept_purity"]),
+        )
+    table.add_row(
+        "mean",
+        "",
+        _shown(over["mean_local_accuracy"]),
+        _shown(over["mean_next_accuracy"]),
+        "",
+        "",
+        _shown(over["mean_accuracy_after_drift"]),
+        _shown(over["mean_recovery_rounds"], 1),
+        _shown(over["mean_concept_purity"]),
+    )
+    return table
 
 
 with_options(evaluate, dataclass_options(EvalConfig, "eval", names={"hard": "--hard/--soft"}))

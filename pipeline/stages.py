@@ -16,6 +16,7 @@ from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest, load_federated
+from pipeline.drift_scores import over_time
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
     all_logits,
@@ -101,7 +102,8 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     if other is not None:
         raise FedrcError(f"{run / rf.MODEL}: does not belong to {run / rf.CONFIG}: {other}")
     prefix = "hard_" if config.hard else ""
-    evaluated = [r for r in rf.read_metrics(run / rf.METRICS) if "train_accuracy" in r]
+    metrics = rf.read_metrics(run / rf.METRICS)
+    evaluated = [r for r in metrics if "train_accuracy" in r]
     if not evaluated:
         raise FedrcError(f"{run / rf.METRICS}: no evaluated round")
     best = max(evaluated, key=lambda r: r[prefix + "train_accuracy"])
@@ -112,7 +114,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     executor = make_executor(train_config, data, device)
     algorithm = build_algorithm(train_config, len(data.clients), data.num_classes)
     algorithm.load_state_dict(final["algorithm"])
-    data = data.to(device)
+    data = data.at_step(data.time_steps - 1).to(device)  # the final models, on the last step
     models = final["models"].to(device)
     everyone = list(range(len(data.clients)))
     logits = algorithm.combine_logits(all_logits(executor, models, data))
@@ -146,6 +148,12 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
     }
+    if data.time_steps > 1:
+        assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+        per_step = train_config.rounds_per_step or train_config.rounds // data.time_steps
+        result["over_time"] = over_time(
+            metrics, assignments, data.full_manifest, per_step, final["round"], prefix
+        )
     clients = [
         {
             "client_id": c.client_id,
