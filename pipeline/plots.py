@@ -16,6 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 from pipeline.data.records import Manifest
 from pipeline.io import atomic_dir
+from pipeline.plots_time import draw_timeline, mark_drifts
 
 
 def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
@@ -108,6 +109,7 @@ def draw_accuracy(path: Path, metrics: list[dict[str, Any]], run: str, dpi: int)
         ("global_accuracy", "global (held-out)"),
     ):
         ax.plot([r["round"] for r in rows], [r[key] for r in rows], marker=".", label=label)
+    mark_drifts(ax, metrics)
     ax.set(xlabel="round", ylabel="accuracy", ylim=(0, 1), title=f"{run}: accuracy over rounds")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.grid(alpha=0.3)
@@ -163,11 +165,17 @@ def draw_all(
     run: str,
     dpi: int,
 ) -> list[Path]:
-    """`run` names the figures: the algorithm as a report prints it, and the run folder."""
+    """`run` names the figures: the algorithm as a report prints it, and the run folder. The
+    cluster map and ω of a drifting run are those of its last step; `timeline.png` shows them
+    over time."""
     round_, omega = final_omega(assignments)
     names = ["cluster_map.png", "accuracy.png", "omega.png"]
+    last = manifest.at_step(manifest.time_steps - 1)
     with atomic_dir(folder) as tmp:
-        draw_cluster_map(tmp / names[0], omega, manifest, round_, run, dpi)
+        draw_cluster_map(tmp / names[0], omega, last, round_, run, dpi)
         draw_accuracy(tmp / names[1], metrics, run, dpi)
-        draw_omega(tmp / names[2], omega, manifest, round_, run, dpi)
+        draw_omega(tmp / names[2], omega, last, round_, run, dpi)
+        if manifest.time_steps > 1:
+            names.append("timeline.png")
+            draw_timeline(tmp / names[3], metrics, assignments, manifest, run, dpi)
     return [folder / n for n in names]
