@@ -7,6 +7,9 @@ last round, and at a quarter, half, three quarters and all of the rounds (is it 
 climbing?). Every number comes from the runs' own files: eval.json (accuracies, purity),
 metrics.jsonl (rounds run, global accuracy per evaluated round), config.json (configuration,
 seed, benchmark) and assignments.parquet (ω at the last evaluated round, for the cluster maps).
+On a drifting benchmark a second table gives eval.json's `over_time` numbers: the mean over steps
+of the local and the next-step accuracy, the drifted clients' accuracy right after their drift,
+the rounds they took to recover, concept purity, and the next-step accuracy at every step.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ METRICS = {  # column stem → eval.json key
     "label_purity": "label_purity",
 }
 SHARES = ("purity", "label_purity")  # in [0, 1], not accuracies
+OVER_TIME = {  # column stem → eval.json's over_time key (drifting benchmarks)
+    "steps_local": "mean_local_accuracy",
+    "steps_next": "mean_next_accuracy",
+    "after_drift": "mean_accuracy_after_drift",
+}
 EVAL_KEYS = ("prediction", "finetune")  # eval settings that make a different row
 
 
@@ -267,12 +275,82 @@ def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
             values = [global_at(r, mark) for r in group.runs]
             complete = values if None not in values else []
             row[f"global_round{mark}_mean"], row[f"global_round{mark}_std"] = _stats(complete)
+        if all("over_time" in r.result for r in group.runs):
+            row.update(over_time_cells(group))
         local, global_ = PAPER_TABLE1_FMNIST.get(group.paper or "", ((None, None), (None, None)))
         row["paper_row"] = group.paper or ""
         row["paper_local"], row["paper_local_std"] = local
         row["paper_global"], row["paper_global_std"] = global_
         rows.append(row)
     return rows
+
+
+def over_time_cells(group: Group) -> dict[str, Any]:
+    """A drifting run's numbers over seeds: accuracies in % (mean, std), rounds to recover and
+    purity as they are, and the next-step accuracy at each step."""
+    over = [r.result["over_time"] for r in group.runs]
+    cells: dict[str, Any] = {}
+    for stem, key in OVER_TIME.items():
+        cells[f"{stem}_mean"], cells[f"{stem}_std"] = _stats(
+            [o[key] for o in over if o[key] is not None]
+        )
+    for stem, key in (
+        ("recovery", "mean_recovery_rounds"),
+        ("steps_purity", "mean_concept_purity"),
+    ):
+        values = [o[key] for o in over if o[key] is not None]
+        cells[f"{stem}_mean"] = float(np.mean(values)) if values else None
+        cells[f"{stem}_std"] = float(np.std(values)) if values else None
+    cells["unrecovered"] = sum(o["unrecovered_drifts"] for o in over)
+    for step in range(over[0]["time_steps"] - 1):
+        values = [o["steps"][step]["next_accuracy"] for o in over]
+        complete = [v for v in values if v is not None]
+        cells[f"next_step{step}_mean"], cells[f"next_step{step}_std"] = _stats(complete)
+    return cells
+
+
+def over_time_table(rows: list[dict[str, Any]], manifest: Manifest) -> list[str]:
+    """The drift table: how each algorithm fared over the time steps."""
+    if manifest.time_steps == 1 or not any("steps_next_mean" in r for r in rows):
+        return []
+    lines = [
+        "",
+        f"## Over time ({manifest.time_steps} steps)",
+        "",
+        "Per step, at its last round: *local* on the step's own test data, *next* on the next "
+        "step's data before any round trained on it (FedDrift's protocol), *after drift* the "
+        "clients that drifted, scored on their new data before any round; *recover*: rounds "
+        "until those clients are back within 1 point of their accuracy before the drift "
+        "(mean over drifts that recovered; the count that did not, over all seeds, in "
+        "brackets); purity: concept purity, mean over steps.",
+        "",
+        "| algorithm | local (steps) | next (steps) | after drift | recover | purity |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "steps_next_mean" not in r:
+            continue
+        recover = "–" if r["recovery_mean"] is None else f"{r['recovery_mean']:.1f}"
+        purity = "–" if r["steps_purity_mean"] is None else f"{r['steps_purity_mean']:.3f}"
+        lines.append(
+            f"| {r['label']} | {_cell(r['steps_local_mean'], r['steps_local_std'])} "
+            f"| {_cell(r['steps_next_mean'], r['steps_next_std'])} "
+            f"| {_cell(r['after_drift_mean'], r['after_drift_std'])} "
+            f"| {recover} ({r['unrecovered']}) | {purity} |"
+        )
+    steps = range(manifest.time_steps - 1)
+    lines += [
+        "",
+        "Next-step accuracy (%) at the end of each step:",
+        "",
+        "| algorithm | " + " | ".join(f"{t} → {t + 1}" for t in steps) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
+    for r in rows:
+        if "steps_next_mean" in r:
+            cells = [_cell(r[f"next_step{t}_mean"], r[f"next_step{t}_std"]) for t in steps]
+            lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def find_manifest(run: Run) -> Manifest:
@@ -305,7 +383,8 @@ def concept_maps(groups: list[Group], manifest: Manifest) -> list[tuple[str, Any
         if not group.selected or not soft or num_models(run_settings(run)) == 1:
             continue
         round_, omega = final_omega(rf.read_assignments(run.path / rf.ASSIGNMENTS))
-        concepts, shares = cluster_shares(omega, manifest)["concept"]
+        last_step = manifest.at_step(manifest.time_steps - 1)  # the concepts of ω's round
+        concepts, shares = cluster_shares(omega, last_step)["concept"]
         title = f"{group.label}, seed {run.seed}, round {round_}"
         maps.append((title, (concepts, shares)))
     return maps
@@ -367,7 +446,7 @@ def markdown(
             "★: of one algorithm's configurations, the one with the best mean train "
             "accuracy (how the paper picks its learning rate).",
         ]
-    return "\n".join(lines + progress_table(rows, marks)) + "\n"
+    return "\n".join(lines + over_time_table(rows, manifest) + progress_table(rows, marks)) + "\n"
 
 
 def progress_table(rows: list[dict[str, Any]], marks: list[int]) -> list[str]:
@@ -444,7 +523,7 @@ def draw(path: Path, rows: list[dict[str, Any]], maps: list[tuple[str, Any]], dp
 def paper_caveat(manifest: Manifest) -> str | None:
     """What to say when the paper's numbers stand beside runs on another benchmark."""
     clients = len(manifest.participating)
-    if manifest.dataset == "fmnist" and clients == 300:
+    if manifest.dataset == "fmnist" and clients == 300 and manifest.time_steps == 1:
         return None
     return (
         f"This benchmark is {manifest.dataset} with {clients} clients, not the paper's "

@@ -179,6 +179,18 @@ def test_eval_scores_each_step(fedrc_run: Path) -> None:
     )
 
 
+def test_report_has_the_over_time_table(fedrc_run: Path, tmp_path: Path) -> None:
+    from pipeline.config import EvalConfig
+    from pipeline.report import build_report
+
+    eval_stage(EvalConfig(run=str(fedrc_run)))
+    rows, caveat = build_report([str(fedrc_run)], tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Over time (3 steps)" in text and "| 0 → 1 | 1 → 2 |" in text
+    assert rows[0]["steps_next_mean"] is not None and rows[0]["recovery_mean"] >= 1
+    assert caveat is not None  # the paper's static Table 1 is for orientation only
+
+
 def test_plot_draws_the_timeline(fedrc_run: Path) -> None:
     from pipeline.config import PlotConfig
 
