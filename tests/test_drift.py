@@ -234,6 +234,18 @@ def test_resume_mid_step_equals_the_uninterrupted_run(drifting: Path, tmp_path: 
     assert torch.equal(models[0]["models"], models[1]["models"])
 
 
+def test_torchrun_equals_one_process(drifting: Path, tmp_path: Path) -> None:
+    """Each rank serves its own clients' rows of the round's step; the numbers are one
+    process's."""
+    from test_distributed import BASE, assert_same_run, single, torchrun
+
+    values = {**BASE, "algorithm": "fedem", "rounds": 4}
+    expected = single(drifting, tmp_path / "single", values)
+    torchrun(tmp_path, drifting, tmp_path / "two", values)
+    assert_same_run(expected, tmp_path / "two", exact=False)
+    assert [r["step"] for r in rf.read_metrics(tmp_path / "two" / rf.METRICS)] == [0, 1, 2, 2]
+
+
 def test_info_shows_the_schedule(drifting: Path) -> None:
     described = json.loads(invoke("info", str(drifting), "--json").output)
     steps = described["drift"]["steps"]

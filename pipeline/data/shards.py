@@ -277,6 +277,25 @@ def _step_views(
     return views
 
 
+def client_spans(manifest: Manifest) -> list[list[tuple[slice, slice]]]:
+    """Every client's (train, test) rows at each step, with all clients' rows one block after
+    another in client order (as `load_federated` lays out the whole benchmark)."""
+    spans, offset = [], 0
+    for entry in manifest.clients:
+        spans.append(_row_spans(entry, offset, manifest.time_steps))
+        offset += entry.size
+    return spans
+
+
+def over_steps(data: FederatedData, spans: list[list[tuple[slice, slice]]]) -> FederatedData:
+    """`data` seen at step 0 of its steps (itself for a static benchmark); `spans`: each
+    client's rows at each step, as `client_spans` gives them."""
+    if data.time_steps == 1:
+        return data
+    views = _step_views(spans, data.distinct.numpy(), data.inverse.numpy())
+    return dataclasses.replace(data, steps=views, step=-1).at_step(0)
+
+
 def load_federated(folder: Path, clients: Collection[int] | None = None) -> FederatedData:
     """Every client's shard, or only those of `clients` (a distributed rank's share): the
     others get empty slices and are left out of `loaded`. A drifting benchmark is returned at
@@ -313,7 +332,6 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
     pixels = np.concatenate(images) if images else np.zeros((0, *shape), np.uint8)
     labels = labels or [np.zeros(0, np.int64)]
     distinct, inverse = _distinct(np.ascontiguousarray(pixels.reshape(len(pixels), -1)))
-    views = _step_views(spans, distinct, inverse) if steps > 1 else None
     train, test = [s[0][0] for s in spans], [s[0][1] for s in spans]
     data = FederatedData(
         torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(),
@@ -324,11 +342,8 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         torch.from_numpy(distinct),
         torch.from_numpy(inverse),
         None if clients is None else sorted(clients),
-        steps=views,
     )
-    if views is None:
-        return data
-    return dataclasses.replace(data, step=-1).at_step(0)
+    return over_steps(data, spans)
 
 
 def check_shard_hash(path: Path, manifest: Manifest) -> None:

@@ -48,12 +48,11 @@ class NodeData:
         self.clients = parse_clients(clients, len(manifest.clients))
         self.data = load_federated(folder, set(self.clients))
         self.content_hash = manifest.content_hash
-        train, _, row_client = wire.global_layout(manifest)
+        self.blocks, row_client = wire.global_layout(manifest)
         self.local = torch.full((len(row_client),), -1, dtype=torch.int64)
         for client in self.clients:
-            here, size = self.data.train_slices[client].start, manifest.clients[client].size
-            first = train[client].start
-            self.local[first : first + size] = torch.arange(here, here + size)
+            block, here = self.blocks[client], self.data.train_slices[client].start
+            self.local[block] = torch.arange(here, here + block.stop - block.start)
 
     def rows(self, global_rows: torch.Tensor) -> torch.Tensor:
         local = self.local[global_rows]
@@ -64,12 +63,7 @@ class NodeData:
 
     def hello(self) -> wire.RecordDict:
         data = self.data
-        labels = torch.cat(
-            [
-                data.labels[data.train_slices[c].start : data.test_slices[c].stop]
-                for c in self.clients
-            ]
-        )
+        labels = torch.cat([data.labels[self.local[self.blocks[c]]] for c in self.clients])
         return wire.hello_reply(self.content_hash, self.clients, labels, str(self.folder))
 
 

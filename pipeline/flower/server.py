@@ -27,7 +27,7 @@ from flwr.app import Message, RecordDict
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.records import Manifest
-from pipeline.data.shards import FederatedData, read_manifest
+from pipeline.data.shards import FederatedData, client_spans, over_steps, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult
@@ -242,11 +242,13 @@ class FlowerPlace(Communicator):
 
 
 def server_data(manifest: Manifest, labels: dict[int, torch.Tensor]) -> FederatedData:
-    """The benchmark as the server sees it: `images` holds each row's global id."""
-    train, test, _ = wire.global_layout(manifest)
-    rows = torch.arange(test[-1].stop if test else 0)
+    """The benchmark as the server sees it (at step 0 of a drifting one): `images` holds each
+    row's global id."""
+    spans = client_spans(manifest)
+    rows = torch.arange(sum(c.size for c in manifest.clients))
     ordered = torch.cat([labels[c] for c in range(len(manifest.clients))]).to(torch.int64)
-    return FederatedData(rows, ordered, train, test, manifest, rows, rows)
+    train, test = [s[0][0] for s in spans], [s[0][1] for s in spans]
+    return over_steps(FederatedData(rows, ordered, train, test, manifest, rows, rows), spans)
 
 
 class RemoteExecutor(SequentialExecutor):
@@ -260,7 +262,7 @@ class RemoteExecutor(SequentialExecutor):
         )
         super().__init__(model, torch.device("cpu"), **sgd_options(config))
         self.nodes = nodes
-        self.row_client = wire.global_layout(manifest)[2]
+        self.row_client = wire.global_layout(manifest)[1]
 
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """Logits on global rows `images`, each node computing those of the rows it holds."""

@@ -12,8 +12,9 @@ arrive bit for bit), scalars as a `ConfigRecord`. A flat vector that several tas
 or are pulled towards (usually the K global models) is sent once per message.
 
 Rows are named by their position in the whole benchmark (`global_layout`: clients in manifest
-order, each client's training rows then its test rows, as `load_federated` lays them out), so
-the server can address any sample without holding a pixel.
+order, each client's rows one block, as `load_federated` lays them out: training rows then test
+rows, step after step in a drifting benchmark), so the server can address any sample without
+holding a pixel.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from pipeline.engine.task import LocalResult, LocalTask
 HELLO, LOGITS, TRAIN = "query.hello", "query.logits", "train.fedrc"
 
 
-def global_layout(manifest: Manifest) -> tuple[list[slice], list[slice], torch.Tensor]:
-    """Train and test slices of every client in the whole benchmark, and each row's client."""
-    train, test, owner, offset = [], [], [], 0
+def global_layout(manifest: Manifest) -> tuple[list[slice], torch.Tensor]:
+    """Every client's block of rows in the whole benchmark, and each row's client."""
+    blocks, owner, offset = [], [], 0
     for client in manifest.clients:
-        train.append(slice(offset, offset + client.train_size))
-        test.append(slice(offset + client.train_size, offset + client.size))
+        blocks.append(slice(offset, offset + client.size))
         owner.append(np.full(client.size, client.client_id))
         offset += client.size
-    return train, test, torch.from_numpy(np.concatenate(owner).astype(np.int64))
+    return blocks, torch.from_numpy(np.concatenate(owner).astype(np.int64))
 
 
 def arrays(**tensors: torch.Tensor) -> ArrayRecord:

@@ -45,6 +45,17 @@ def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_p
     assert_same_run(expected, out)
 
 
+def test_flower_server_on_a_drifting_benchmark(tmp_path: Path) -> None:
+    """Nodes serve their clients' rows of the round's time step: 3 steps, a round each."""
+    data = tmp_path / "drift"
+    partition_stage(PartitionConfig(**TINY_PARTITION, time_steps=3, drift_share=0.3, out=str(data)))
+    expected = reference(flower_config(data, "fedem", tmp_path / "single"))
+    config = flower_config(data, "fedem", tmp_path / "flower")
+    out = serve(grid_for(data, config), config, FAST, resume=False, overwrite=False)
+    assert_same_run(expected, out)
+    assert [r["step"] for r in read_metrics(out / METRICS)] == [0, 1, 2]
+
+
 def test_flower_server_runs_fedsoft(tiny_data: Path, tmp_path: Path) -> None:
     """FedSoft (personal models, scored on the nodes) runs to the end with fedrc train's
     numbers up to its hard E-step: a sample's arg-min model can flip on the last bit of logits
