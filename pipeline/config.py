@@ -130,9 +130,9 @@ class PartitionConfig:
         "its concept of that step (1: a static benchmark).",
     )
     drift_share: float = option(
-        0.0, "Share of participating clients that move to another concept at each step after "
-        "the first."
-    )  # fmt: skip
+        0.0,
+        "Share of participating clients that move to another concept at each step after the first.",
+    )
     drift: Any = option(
         None,
         f"A drift schedule: a preset ({', '.join(PRESETS)}) or, in params.yaml, a list of "
@@ -205,8 +205,9 @@ class PartitionConfig:
         ds = self.drift_share
         _require(0 <= ds <= 1, f"{p}.drift_share", "a number in [0, 1]", ds)
         if self.drifts:
-            _require("concept" in self.shifts, f"{p}.shifts", "concept among them for drift",
-                     self.shifts)  # fmt: skip
+            _require(
+                "concept" in self.shifts, f"{p}.shifts", "concept among them for drift", self.shifts
+            )
         names = [c.name for c in concepts]
         check_drift(self.drift, ds, t, self.clients, names)
 

@@ -349,3 +349,16 @@ def test_over_time_on_a_hand_made_log() -> None:
     assert second["recovery_rounds"] == 2 and second["drifted_clients"] == 1
     assert second["concept_purity"] == 1.0  # both clients in cluster 1, both of concept 1
     assert over["mean_local_accuracy"] == pytest.approx(0.825)
+
+
+def test_the_drift_experiment_is_valid() -> None:
+    """experiments/drift/params.yaml builds a valid benchmark and training configuration."""
+    from pipeline.config import build_config, read_params
+    from pipeline.resolve import train_config
+
+    params = read_params(Path(__file__).resolve().parents[1] / "experiments/drift/params.yaml")
+    partition = build_config(PartitionConfig, params)
+    assert partition.steps == 4 and partition.drift == "fedccfa-recurrent"
+    for algorithm in params["algorithms"]:
+        config = train_config(params, {"algorithm": algorithm}).over_steps(partition.steps)
+        assert config.rounds_per_step * partition.steps == config.rounds

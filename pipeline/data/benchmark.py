@@ -67,9 +67,11 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
     config.check_classes(raw.num_classes)  # a dataset may tell its classes only once loaded
     pool_labels = np.tile(raw.train_labels, config.replicate)
     steps, quota = config.steps, config.samples_per_client
-    split_config = config if steps == 1 or quota is None else dataclasses.replace(
-        config, samples_per_client=quota * steps
-    )  # fmt: skip
+    split_config = (
+        config
+        if steps == 1 or quota is None
+        else dataclasses.replace(config, samples_per_client=quota * steps)
+    )
     split = split_labels(
         split_config, pool_labels, raw.num_classes, np.random.default_rng(split_seq)
     )
@@ -94,9 +96,18 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
         concept = schedule[0]
         _check_parts(split, steps)
     return _clients(
-        config, raw, split, concepts, concept, corrupted, holdout, style_seq, client_seq, styles,
+        config,
+        raw,
+        split,
+        concepts,
+        concept,
+        corrupted,
+        holdout,
+        style_seq,
+        client_seq,
+        styles,
         schedule,
-    )  # fmt: skip
+    )
 
 
 def _check_parts(split: LabelSplit, steps: int) -> None:
@@ -156,10 +167,11 @@ def _clients(
         parts = np.array_split(rng.permutation(client.true_labels.size), row.size)
         order = np.concatenate(parts)
         labels = [
-            concepts[k].relabel(client.true_labels[p], raw.num_classes, rng, clean[p],
-                                raw.label_rules)
+            concepts[k].relabel(
+                client.true_labels[p], raw.num_classes, rng, clean[p], raw.label_rules
+            )
             for p, k in zip(parts, row)
-        ]  # fmt: skip
+        ]
         sizes = [p.size for p in parts]
         return dataclasses.replace(
             client,

@@ -180,8 +180,9 @@ def _check_event(event: Any, where: str, steps: int, clients: int, concepts: lis
         raise FedrcError(f"{where}: expected {{step, clients or share, concept}}, got {event!r}")
     unknown = set(event) - {"step", "clients", "share", "concept"}
     if unknown:
-        raise FedrcError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: step, clients, "
-                         "share, concept)")  # fmt: skip
+        raise FedrcError(
+            f"{where}: unknown key {sorted(unknown)[0]!r} (known: step, clients, share, concept)"
+        )
     step = event.get("step")
     if not (isinstance(step, int) and not isinstance(step, bool) and 1 <= step < steps):
         raise FedrcError(
