@@ -319,14 +319,11 @@ def save_checkpoint(
 
 
 def evaluation_checked(
-    run: Run,
-    round_: int,
-    data: FederatedData,
-    algorithm: Algorithm,
-    groups: dict[str, list[int]] | None = None,
+    run: Run, round_: int, data: FederatedData, groups: dict[str, list[int]] | None = None
 ) -> tuple[dict[str, Any], torch.Tensor]:
-    """The round's scores and logits; every place stops when one place's logits diverged."""
-    scores, logits = evaluate_round(algorithm, run.executor, run.models, data, run.comm, groups)
+    """The round's scores and logits on `data`; every place stops when one place's logits
+    diverged."""
+    scores, logits = evaluate_round(run.algorithm, run.executor, run.models, data, run.comm, groups)
     diverged = run.comm.any(not bool(torch.isfinite(logits).all()))
     bad = torch.tensor([float("nan")]) if diverged else None
     require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
@@ -351,13 +348,15 @@ def next_step_scores(
     run: Run, full: FederatedData, step: int, round_: int
 ) -> tuple[dict[str, Any], torch.Tensor | None]:
     """The models and ω at the end of `step` scored on step + 1's data, which no round has
-    trained on yet (FedDrift's protocol: train on t, test on t + 1). The held-out clients fit
-    their ω on a copy of the algorithm, so the run's state is as if this had not happened; the
-    logits are the next round's E-step's."""
-    scratch = copy.deepcopy(run.algorithm)
-    following = full.at_step(step + 1)
+    trained on yet (FedDrift's protocol: train on t, test on t + 1). The algorithm's state is
+    restored afterwards (the held-out clients fit their ω again), so the run goes on as if this
+    had not happened; the logits are the next round's E-step's."""
+    saved = copy.deepcopy(run.algorithm.state_dict())
     groups = {"drifted": movers(full, step + 1)}
-    scores, logits = evaluation_checked(run, round_, following, scratch, groups)
+    try:
+        scores, logits = evaluation_checked(run, round_, full.at_step(step + 1), groups)
+    finally:
+        run.algorithm.load_state_dict(saved)
     keys = ("local_accuracy", "hard_local_accuracy", "local_accuracy_by_concept")
     kept = {f"next_{k}": scores[k] for k in keys if k in scores}
     if "drifted_accuracy" in scores:
@@ -445,7 +444,7 @@ def train_run(
             boundary = ends_step(round_, per_step, steps)
             if round_ % config.eval_every == 0 or round_ == config.rounds or boundary:
                 groups = drift_groups(full, step)
-                scores, cached = evaluation_checked(run, round_, run.data, run.algorithm, groups)
+                scores, cached = evaluation_checked(run, round_, run.data, groups)
                 if "clients_scored" in scores:  # an absent node's rows were not computed
                     cached = None
                 row.update(scores)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import snapshot, torch_threads
+from conftest import ALGORITHMS, TINY_PARTITION, TINY_TRAIN, snapshot, torch_threads
 from test_cli import TINY, assert_one_line_error, invoke
 
 from pipeline import run_files as rf
@@ -142,6 +142,25 @@ def test_fedrc_moves_switched_clients_to_another_cluster(fedrc_run: Path, drifti
         assert (clusters[t][~moved] == clusters[t - 1][~moved]).all(), t
     for t in range(3):  # one cluster per concept
         assert len({(c, k) for c, k in zip(schedule[t], clusters[t])}) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_drifting(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-drift") / "data"
+    partition_stage(PartitionConfig(**TINY_PARTITION, time_steps=3, drift_share=0.3, out=str(out)))
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_runs_over_steps(algorithm: str, tiny_drifting: Path, tmp_path: Path):
+    """Unchanged algorithms on drifting data: a round per step, each boundary scored ahead."""
+    values = {**TINY_TRAIN, "rounds": 3, "eval_every": 3}
+    run = train_stage(
+        make_config(data=str(tiny_drifting), algorithm=algorithm, out=str(tmp_path), **values)
+    )
+    rows = rf.read_metrics(run / rf.METRICS)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all("next_local_accuracy" in r for r in rows[:2]) and "train_accuracy" in rows[2]
 
 
 def test_metrics_follow_the_steps(fedrc_run: Path) -> None:
