@@ -152,7 +152,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
         assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
         per_step = train_config.rounds_per_step or train_config.rounds // data.time_steps
         result["over_time"] = over_time(
-            metrics, assignments, data.full_manifest, per_step, final["round"], prefix
+            metrics, assignments, data.benchmark, per_step, final["round"], prefix
         )
     clients = [
         {

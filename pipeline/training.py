@@ -334,7 +334,7 @@ def movers(data: FederatedData, step: int) -> list[int]:
     """The participating clients whose concept changes at `step` (none at step 0)."""
     if not 0 < step < data.time_steps:
         return []
-    full = data.full_manifest or data.manifest
+    full = data.benchmark
     return [full.participating[i] for i in drifted(np.asarray(full.schedule), step)]
 
 

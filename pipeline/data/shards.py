@@ -202,21 +202,25 @@ class FederatedData:
     def time_steps(self) -> int:
         return self.manifest.time_steps
 
+    @property
+    def benchmark(self) -> Manifest:
+        """The manifest with every step's records (the view's `manifest` has one step's)."""
+        return self.full_manifest or self.manifest
+
     def at_step(self, step: int) -> FederatedData:
         """The data as client i holds it at `step` (itself for a static benchmark)."""
         if self.steps is None or step == self.step:
             return self
         train, test, distinct, inverse = self.steps[step]
-        full = self.full_manifest or self.manifest
         return dataclasses.replace(
             self,
             train_slices=train,
             test_slices=test,
             distinct=distinct,
             inverse=inverse,
-            manifest=full.at_step(step),
+            manifest=self.benchmark.at_step(step),
             step=step,
-            full_manifest=full,
+            full_manifest=self.benchmark,
         )
 
     def to(self, device: torch.device) -> FederatedData:

@@ -315,7 +315,7 @@ def remote_executor(nodes: Nodes):
     """An `ExecutorFactory` for `train_run`."""
 
     def factory(config: TrainConfig, data: FederatedData, device: torch.device) -> RemoteExecutor:
-        return RemoteExecutor(config, data.manifest, nodes)
+        return RemoteExecutor(config, data.benchmark, nodes)
 
     return factory
 
