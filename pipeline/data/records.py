@@ -128,7 +128,8 @@ class _Fields:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What a participating client holds at one time step of a drifting benchmark."""
+    """What a client holds: its concept, style and split sizes and label histograms, over its
+    whole shard (`ClientRecord`) or at one time step of a drifting benchmark."""
 
     concept: int  # index into Manifest.concepts
     style: str
@@ -192,30 +193,15 @@ class ClientRecord:
         """The record at `step` (a held-out or static client is the same at every step)."""
         if not self.steps:
             return self
-        s = self.steps[step]
-        return dataclasses.replace(
-            self,
-            concept=s.concept,
-            style=s.style,
-            severity=s.severity,
-            train_size=s.train_size,
-            test_size=s.test_size,
-            label_histogram=s.label_histogram,
-            true_label_histogram=s.true_label_histogram,
-        )
+        return dataclasses.replace(self, **_holding(self.steps[step]))
 
     def to_json(self) -> dict[str, Any]:
+        holding = StepRecord(**{k: getattr(self, k) for k in _holding(self)})
         return {
             "client_id": self.client_id,
             "participating": self.participating,
-            "concept": self.concept,
-            "style": self.style,
-            "severity": self.severity,
             "label_group": self.label_group,
-            "train_size": self.train_size,
-            "test_size": self.test_size,
-            "label_histogram": list(self.label_histogram),
-            "true_label_histogram": list(self.true_label_histogram),
+            **holding.to_json(),
             **({"steps": [s.to_json() for s in self.steps]} if self.steps else {}),
         }
 
@@ -226,19 +212,18 @@ class ClientRecord:
         return cls(
             client_id=fields.count("client_id"),
             participating=fields.boolean("participating"),
-            concept=fields.count("concept"),
-            style=fields.string("style"),
-            severity=fields.count("severity"),
             label_group=fields.optional_count("label_group"),
-            train_size=fields.count("train_size"),
-            test_size=fields.count("test_size"),
-            label_histogram=fields.counts("label_histogram"),
-            true_label_histogram=fields.counts("true_label_histogram"),
+            **_holding(StepRecord.from_json(data, path, name)),
             steps=tuple(
                 StepRecord.from_json(step, path, f"{name}.{key}")
                 for key, step in fields.optional_items("steps")
             ),
         )
+
+
+def _holding(record: StepRecord | ClientRecord) -> dict[str, Any]:
+    """The fields a `ClientRecord` shares with a `StepRecord`, by name."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(StepRecord)}
 
 
 @dataclass(frozen=True)
