@@ -335,21 +335,16 @@ class TrainConfig:
 
     def over_steps(self, time_steps: int) -> TrainConfig:
         """The configuration for a benchmark of `time_steps` steps: `rounds_per_step` fixed
-        (rounds / T when not given), refused when a step would get no round."""
-        if time_steps == 1:
+        (rounds / T when not given; refused when a step would get no round). A run given
+        `rounds_per_step` may stop before the last step, to be continued with --resume."""
+        if time_steps == 1 or self.rounds_per_step is not None:
             return self
-        rps = self.rounds_per_step or self.rounds // time_steps
-        if rps < 1:
+        if self.rounds < time_steps:
             raise FedrcError(
                 f"train.rounds: {self.rounds} rounds for {time_steps} time steps; give at least "
                 "one round a step"
             )
-        if rps * (time_steps - 1) >= self.rounds:
-            raise FedrcError(
-                f"train.rounds_per_step: {rps} rounds × {time_steps} steps needs more than "
-                f"{rps * (time_steps - 1)} rounds, train.rounds is {self.rounds}"
-            )
-        return dataclasses.replace(self, rounds_per_step=rps)
+        return dataclasses.replace(self, rounds_per_step=self.rounds // time_steps)
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed, flat: every field that changes the

@@ -68,6 +68,8 @@ def over_time(
     steps = []
     for t in range(steps_count):
         first, last = step_rounds(t, rounds_per_step, rounds, steps_count)
+        if first > rounds:  # a run stopped before this step (to be resumed)
+            break
         end = by_round.get(last, {})
         at = manifest.at_step(t)
         entry: dict[str, Any] = {

@@ -67,6 +67,12 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
     config.check_classes(raw.num_classes)  # a dataset may tell its classes only once loaded
     pool_labels = np.tile(raw.train_labels, config.replicate)
     steps, quota = config.steps, config.samples_per_client
+    if steps > 1 and quota is not None and config.clients * quota * steps > pool_labels.size:
+        raise FedrcError(
+            f"partition.time_steps: {config.clients} clients × {quota} samples × {steps} steps "
+            f"exceed the {pool_labels.size} training samples; lower samples_per_client or "
+            "time_steps, or raise replicate"
+        )
     split_config = (
         config
         if steps == 1 or quota is None
