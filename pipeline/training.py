@@ -18,6 +18,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from pipeline.models import build_model
 from pipeline.models.layout import head_range
 from pipeline.momentum import MomentumStore
 from pipeline.resolve import recorded_identity
+from pipeline.run_lock import writer_lock
 from pipeline.time_steps import ends_step, step_of
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -392,7 +394,28 @@ def train_run(
     executor_factory: ExecutorFactory = make_executor,
 ) -> Path:
     """The run on this place; `data` and `executor_factory` are given where the samples are
-    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes)."""
+    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes).
+
+    The main place, which writes the run's files, holds the run folder's lock throughout: a
+    second writer is refused on every place (`pipeline.run_lock`)."""
+    with ExitStack() as held:
+
+        def lock() -> None:
+            held.enter_context(writer_lock(config.out, "--out", "fedrc train"))
+
+        comm.agree(lock, everywhere=False)
+        return _train_run(config, comm, resume, overwrite, on_round, data, executor_factory)
+
+
+def _train_run(
+    config: TrainConfig,
+    comm: Communicator,
+    resume: bool,
+    overwrite: bool,
+    on_round: RoundCallback | None,
+    data: FederatedData | None,
+    executor_factory: ExecutorFactory,
+) -> Path:
     out, main = Path(config.out), comm.is_main
     if data is None:
         # Every step that can fail on one place only is agreed on: all places raise its error.
