@@ -120,6 +120,15 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
     device = resolve_device("auto")
     executor = make_executor(train_config, data, device)
     algorithm = build_algorithm(train_config, len(data.clients), data.num_classes)
+    expect = rf.Expected(
+        rounds=train_config.rounds,
+        models=(algorithm.num_rows, executor.flatten().numel()),
+        omega=tuple(algorithm.omega_table().shape),
+        algorithm=algorithm.state_dict(),
+        metrics=run / rf.METRICS,
+        logged=max((r["round"] for r in metrics), default=0),
+    )
+    rf.check_model(run / rf.MODEL, final, expect)  # before anything in it is used
     algorithm.load_state_dict(final["algorithm"])
     data = data.at_step(data.time_steps - 1).to(device)  # the final models, on the last step
     models = final["models"].to(device)

@@ -262,9 +262,25 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
-    """The checkpoint to resume, refused when written with another configuration or when
-    the momentum snapshot it names is gone."""
+def expected_state(run: Run, out: Path) -> rf.Expected:
+    """What this run's checkpoint must hold: shapes from the configured model, algorithm and
+    data, the rounds from the configuration and metrics.jsonl."""
+    models = tuple(run.models.shape)
+    return rf.Expected(
+        rounds=run.config.rounds,
+        models=models,
+        omega=tuple(run.algorithm.omega_table().shape),
+        algorithm=run.algorithm.state_dict(),
+        metrics=out / rf.METRICS,
+        logged=rf.logged_rounds(out / rf.METRICS),
+        logits=(models[0], run.data.labels.numel(), run.data.num_classes),
+    )
+
+
+def checked_state(out: Path, wanted: dict[str, Any], run: Run) -> rf.RunState:
+    """The checkpoint to resume, refused (before anything is touched) when written with
+    another configuration, when a field does not fit the run (`rf.RunState.check`), or when
+    the momentum snapshot it names is gone or of another shape."""
     path = out / rf.CHECKPOINT
     recorded = rf.state_identity(path, rf.load_state(path))
     other = rf.identity_mismatch(recorded_identity(recorded, f"{path}: identity"), wanted)
@@ -272,12 +288,25 @@ def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
         raise FedrcError(
             f"--resume: {path} was written with {other}; start a new run with another --out"
         )
-    state = rf.RunState.load(path)
-    snapshot = rf.momentum_snapshot(out, state.round)
-    if state.momentum_present is not None and not snapshot.is_file():
-        raise FedrcError(
-            f"--resume: {snapshot} not found (the momentum of {path}); start again with --overwrite"
-        )
+    state = rf.RunState.load(path, expected_state(run, out))
+    if state.momentum_present is not None and run.momentum.enabled:
+        snapshot = rf.momentum_snapshot(out, state.round)
+        if not snapshot.is_file():
+            raise FedrcError(
+                f"--resume: {snapshot} not found (the momentum of {path}); start again with "
+                "--overwrite"
+            )
+        present = tuple(run.momentum.present.shape)
+        rf.check_tensor(path, "momentum_present", state.momentum_present, present, "", False)
+        try:
+            shape = np.load(snapshot, mmap_mode="r").shape
+        except (OSError, ValueError) as e:
+            raise FedrcError(f"{snapshot}: not a momentum snapshot ({e})") from None
+        if shape != (*present, run.momentum.size):
+            raise FedrcError(
+                f"{snapshot}: shape {shape}, expected {(*present, run.momentum.size)} "
+                f"(the momentum of {path})"
+            )
     return state
 
 
@@ -439,7 +468,7 @@ def _train_run(
         start, cached, eval_rounds, history = 0, None, [], []
         if resume:  # the main place reads the checkpoint and sends it to the others
             state = comm.broadcast_object(
-                comm.agree(lambda: checked_state(out, wanted), everywhere=False)
+                comm.agree(lambda: checked_state(out, wanted, run), everywhere=False)
             )
             run.models = state.models.to(comm.device)
             run.algorithm.load_state_dict(state.algorithm)

@@ -128,11 +128,39 @@ def crafted_pickle(rel: str) -> Callable[[Path], None]:
 
 
 def edit_state(rel: str, **changes) -> Callable[[Path], None]:
+    """Change fields of a checkpoint or model.pt and seal it again, as fedrc would write it:
+    only the checks of what it holds can refuse it. A change may be a function of the old
+    state."""
+
     def go(root: Path) -> None:
         state = rf.load_state(root / rel)
-        state.update(changes)
-        state.pop("format")
-        torch.save({**state, "format": changes.get("format", rf.CHECKPOINT_FORMAT)}, root / rel)
+        state.update({k: v(state) if callable(v) else v for k, v in changes.items()})
+        rf.save_state(root / rel, state, format=state.pop("format"))
+
+    return go
+
+
+def unsealed(rel: str) -> Callable[[Path], None]:
+    """The same state written by plain torch.save: its seal is gone."""
+    return lambda root: torch.save(rf.load_state(root / rel), root / rel)
+
+
+def legacy(rel: str) -> Callable[[Path], None]:
+    """The file as a fedrc from before seals wrote it: no seal, no "checksum" key."""
+
+    def go(root: Path) -> None:
+        state = rf.load_state(root / rel)
+        state.pop("checksum")
+        torch.save(state, root / rel)
+
+    return go
+
+
+def nan_first(key: str) -> Callable[[dict], list]:
+    def go(state: dict) -> list:
+        tables = [t.clone() for t in state[key]]
+        tables[0][0, 0] = float("nan")
+        return tables
 
     return go
 
@@ -336,6 +364,96 @@ CASES = [
         ["checkpoint.pt", "newer"],
     ),
     ("t-resume-pickle", RESUME, crafted_pickle("r/checkpoint.pt"), ["checkpoint.pt", "refused"]),
+    # train --resume: a checkpoint checked, not trusted (the files stay as they were)
+    (
+        "t-resume-flipped",
+        RESUME,
+        flip_byte("r/checkpoint.pt"),
+        ["r/checkpoint.pt: damaged", "SHA-256 does not match"],
+    ),
+    (
+        "t-resume-unsealed",
+        RESUME,
+        unsealed("r/checkpoint.pt"),
+        ["checkpoint.pt", "seal is missing"],
+    ),
+    (
+        "t-resume-round-99",
+        RESUME,
+        edit_state("r/checkpoint.pt", round=99),
+        ["r/checkpoint.pt: round: expected an integer in [0, 3]", "got 99"],
+    ),
+    (
+        "t-resume-round-neg",
+        RESUME,
+        edit_state("r/checkpoint.pt", round=-3),
+        ["r/checkpoint.pt: round: expected an integer in [0, 3]", "got -3"],
+    ),
+    (
+        "t-resume-round-text",
+        RESUME,
+        edit_state("r/checkpoint.pt", round="2"),
+        ["r/checkpoint.pt: round: expected an integer", "got '2'"],
+    ),
+    (
+        "t-resume-round-past-metrics",
+        ["train", *RUN_R, "--rounds", "100", "--out", "r", "--resume"],
+        edit_state("r/checkpoint.pt", round=50),
+        ["r/checkpoint.pt: round 50", "metrics.jsonl holds rounds 1..2"],
+    ),
+    (
+        "t-resume-models-shape",
+        RESUME,
+        edit_state("r/checkpoint.pt", models=torch.zeros(2, 10)),
+        [
+            "r/checkpoint.pt: models: expected a float tensor of shape (2, ",
+            "got a float32 tensor of shape (2, 10)",
+        ],
+    ),
+    (
+        "t-resume-models-nan",
+        RESUME,
+        edit_state("r/checkpoint.pt", models=lambda s: s["models"] * float("nan")),
+        ["r/checkpoint.pt: models: holds NaN"],
+    ),
+    (
+        "t-resume-omega-shape",
+        RESUME,
+        edit_state(
+            "r/checkpoint.pt", algorithm=lambda s: {**s["algorithm"], "omega": torch.ones(3, 5)}
+        ),
+        ["r/checkpoint.pt: algorithm.omega: expected a float tensor of shape (", "(3, 5)"],
+    ),
+    (
+        "t-resume-omega-history",
+        RESUME,
+        edit_state("r/checkpoint.pt", omega_history=nan_first("omega_history")),
+        ["r/checkpoint.pt: omega_history[0]: holds NaN"],
+    ),
+    (
+        "t-resume-eval-rounds",
+        RESUME,
+        edit_state("r/checkpoint.pt", eval_rounds=[2, 1]),
+        ["r/checkpoint.pt: eval_rounds: expected increasing rounds in [1, 2]"],
+    ),
+    (
+        "t-resume-history-count",
+        RESUME,
+        edit_state("r/checkpoint.pt", omega_history=lambda s: s["omega_history"][:1]),
+        ["r/checkpoint.pt: omega_history", "each of the 2 evaluated rounds, got 1"],
+    ),
+    (
+        "t-resume-algorithm-key",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=lambda s: {**s["algorithm"], "evil": 1}),
+        ["r/checkpoint.pt: algorithm: unknown keys ['evil']"],
+    ),
+    (
+        "t-resume-rng",
+        RESUME,
+        edit_state("r/checkpoint.pt", rng=torch.zeros(3, dtype=torch.uint8)),
+        ["r/checkpoint.pt: rng"],
+    ),
     ("t-resume-truncated", RESUME, truncate("r/checkpoint.pt", 500), ["checkpoint.pt", "damaged"]),
     (
         "t-resume-metrics",
@@ -353,6 +471,37 @@ CASES = [
         ["eval", "--run", "r"],
         crafted_pickle("r/model.pt"),
         ["model.pt", "refused"],
+    ),
+    (
+        "e-model-flipped",
+        ["eval", "--run", "r"],
+        flip_byte("r/model.pt"),
+        ["r/model.pt: damaged", "SHA-256 does not match"],
+    ),
+    ("e-model-unsealed", ["eval", "--run", "r"], unsealed("r/model.pt"), ["model.pt", "seal"]),
+    (
+        "e-model-shape",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", models=torch.zeros(2, 10)),
+        ["r/model.pt: models: expected a float tensor of shape (2, ", "(2, 10)"],
+    ),
+    (
+        "e-model-omega",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", omega=lambda s: s["omega"][:, :1]),
+        ["r/model.pt: omega: expected a float tensor of shape (", "clients × K"],
+    ),
+    (
+        "e-model-omega-nan",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", omega=lambda s: s["omega"] * float("nan")),
+        ["r/model.pt: omega: holds NaN"],
+    ),
+    (
+        "e-model-round",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", round=99),
+        ["r/model.pt: round: expected an integer in [0, 2]", "got 99"],
     ),
     (
         "e-model-other-alg",
@@ -422,6 +571,24 @@ def test_crafted_pickle_never_runs(here: Path, name: str) -> None:
     args = RESUME if name == "checkpoint.pt" else ["eval", "--run", "r"]
     assert_one_line(invoke(*args), name, "refused", code=2)
     assert not marker.exists()
+
+
+def test_files_from_before_seals_load_as_before(here: Path) -> None:
+    """checkpoint.pt and model.pt without a seal (older fedrc) are read as they were; a sealed
+    file is still a plain torch archive that torch.load reads without fedrc."""
+    before = Path("r/eval.json").read_text()
+    legacy("r/model.pt")(here)
+    legacy("r/checkpoint.pt")(here)
+    assert not rf.check_seal(Path("r/model.pt")) and not rf.check_seal(Path("r/checkpoint.pt"))
+    result = invoke("eval", "--run", "r")
+    assert result.exit_code == 0, result.output
+    assert Path("r/eval.json").read_text() == before
+    result = invoke(*RESUME)
+    assert result.exit_code == 0, result.output
+    assert [r["round"] for r in rf.read_metrics(Path("r/metrics.jsonl"))] == [1, 2, 3]
+    assert rf.check_seal(Path("r/model.pt")) and rf.check_seal(Path("r/checkpoint.pt"))
+    state = torch.load("r/model.pt", weights_only=True)
+    assert state["round"] == 3 and state["checksum"] == "sha256"
 
 
 def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:
