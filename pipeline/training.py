@@ -273,7 +273,10 @@ def expected_state(run: Run, out: Path) -> rf.Expected:
         algorithm=run.algorithm.state_dict(),
         metrics=out / rf.METRICS,
         logged=rf.logged_rounds(out / rf.METRICS),
-        logits=(models[0], run.data.labels.numel(), run.data.num_classes),
+        # a checkpoint's cached logits are used, and checked, in one process only
+        logits=(models[0], run.data.labels.numel(), run.data.num_classes)
+        if run.comm.size == 1
+        else None,
     )
 
 

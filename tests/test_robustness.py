@@ -712,6 +712,26 @@ def test_the_model_check_leaves_no_trace() -> None:
     assert all(module.training for module in checked.modules())
 
 
+def test_cached_logits_are_checked_in_one_process_only(here: Path) -> None:
+    """Under torchrun a place holds its own clients' rows: a checkpoint's cached logits (of
+    every row, written by one process) are not used there, so their shape is not checked."""
+    from pipeline.communicate import Communicator
+    from pipeline.data.shards import load_federated
+    from pipeline.stages import run_config
+    from pipeline.training import build_run, expected_state
+
+    data = load_federated(Path("d"))
+    run = build_run(run_config(Path("r")), data, Communicator(torch.device("cpu")))
+    rows = run.models.shape[0]
+    assert expected_state(run, Path("r")).logits == (rows, data.labels.numel(), data.num_classes)
+
+    class TwoPlaces(Communicator):
+        size = 2
+
+    run.comm = TwoPlaces(torch.device("cpu"))
+    assert expected_state(run, Path("r")).logits is None
+
+
 def test_files_from_before_seals_load_as_before(here: Path) -> None:
     """checkpoint.pt and model.pt without a seal (older fedrc) are read as they were; a sealed
     file is still a plain torch archive that torch.load reads without fedrc."""
