@@ -95,6 +95,9 @@ def user_errors() -> Iterator[None]:
         code = INTERRUPT_CODES[type(e)]
         raise fail(f"{name}; earlier outputs are left as they were", code) from None
     except Exception as e:
+        if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:  # an input's name
+            where = shown(os.fsdecode(e.filename)) if e.filename else "a path"
+            raise fail(f"{where}: name too long for the file system") from None
         if disk_full(e):
             where = getattr(e, "filename", None) or "an output file"
             raise fail(
@@ -115,6 +118,55 @@ def user_errors() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+# `.NAME.tmp-XXXXXXXX`: the longest name fedrc derives from an output's name (the temporary
+# file or folder it writes beside it before renaming it into place)
+DERIVED = len("..tmp-") + 8
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name, in bytes, that the file system holding `path` takes."""
+    node = path
+    while not os.path.isdir(node) and node.parent != node:  # isdir never raises
+        node = node.parent
+    try:
+        return os.pathconf(node, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def shown(path: Path | str) -> str:
+    """`path` for a one-line message: a very long one loses its middle."""
+    text = str(path)
+    return text if len(text) <= 80 else f"{text[:38]}…{text[-38:]}"
+
+
+def name_too_long(path: Path) -> str | None:
+    """Why the names in `path` (and those fedrc derives from the last) are too long for the
+    file system, or None."""
+    limit = _name_max(path)
+    for part in path.parts[:-1]:
+        if len(os.fsencode(part)) > limit:
+            return (
+                f"a folder name in it is too long for the file system ({len(os.fsencode(part))} "
+                f"bytes, at most {limit})"
+            )
+    size = len(os.fsencode(path.name))
+    if size + DERIVED > limit:
+        return (
+            f"name too long for the file system ({size} bytes; at most {limit - DERIVED}, as "
+            "fedrc writes a temporary file named after it)"
+        )
+    return None
+
+
+def check_names(option: str, *paths: Path | str) -> None:
+    """Refuse an output path whose names the file system cannot hold; touches nothing."""
+    for path in paths:
+        reason = name_too_long(Path(path))
+        if reason is not None:
+            raise FedrcError(f"{option}: {shown(path)}: {reason}")
+
+
 # Why an output cannot be written, by errno; ENOSPC is not here: a full disk stays exit 1.
 UNWRITABLE = {
     errno.EACCES: "permission denied",
@@ -124,6 +176,7 @@ UNWRITABLE = {
     errno.ENOTDIR: "a part of the path is a file, not a folder",
     errno.EEXIST: "a file is in the way where a folder is needed",
     errno.EISDIR: "a folder is in the way where a file is needed",
+    errno.ENAMETOOLONG: "name too long for the file system",
 }
 
 
@@ -165,6 +218,7 @@ def _unwritable(path: Path, folder: bool, probe: bool = True) -> str | None:
 
 def writable_output(option: str, path: Path | str, folder: bool = True) -> None:
     """Refuse, before any work, an output path that cannot be written; writes nothing."""
+    check_names(option, path)
     reason = _unwritable(Path(path), folder)
     if reason is not None:
         raise FedrcError(f"{option}: {path}: {reason}")
@@ -199,6 +253,7 @@ def writing(
     The stages write through temporary paths, so a refused write leaves the old output as it was.
     """
     for path in paths:
+        check_names(option, path)  # even unchecked: a long name breaks every check
         if check:
             writable_output(option, path, folder)
     new = [  # the folders a write may create, deepest first: removed again if it is refused

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
         run = Path(config.run)
         outputs = (run / "eval.json", run / "eval_clients.json")
         # a missing or broken run is the stage's own one-line error, so check only a folder
-        with writing("--run", *outputs, folder=False, check=run.is_dir()):
+        with writing("--run", *outputs, folder=False, check=os.path.isdir(run)):
             result = eval_stage(config)
     tuned = ", fine-tuned" if result["finetune"] else ""
     table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")

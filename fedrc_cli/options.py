@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from pipeline import strict_yaml
 from pipeline.errors import FedrcError
 from pipeline.settings import field_types
 
@@ -28,7 +29,7 @@ def params_section(name: str) -> dict[str, Any]:
     """The section of ./params.yaml, or {} when there is none or it cannot be read (the
     command itself reports a broken file)."""
     try:
-        data = yaml.safe_load(PARAMS.read_text()) if PARAMS.is_file() else {}
+        data = strict_yaml.load(PARAMS.read_text()) if PARAMS.is_file() else {}
     except (OSError, yaml.YAMLError):
         return {}
     section = data.get(name) if isinstance(data, dict) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ def plot(params: ParamsOption = None, **options: Any) -> None:
         config = load_config(PlotConfig, params, **options)
         run = Path(config.run)
         # a missing or broken run is the stage's own one-line error, so check only a folder
-        with writing("--run", run / "plots", check=run.is_dir()):
+        with writing("--run", run / "plots", check=os.path.isdir(run)):
             paths = plot_stage(config)
     for path in paths:
         console.print(f"Wrote {path}")

@@ -12,6 +12,7 @@ from fedrc_cli.common import (
     INTERRUPT_CODES,
     ParamsOption,
     Terminated,
+    check_names,
     console,
     fail,
     is_terminal,
@@ -52,6 +53,7 @@ def train(
     with user_errors():
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
+        check_names("--out", options.get("out") or TrainConfig().out)
         config = resumed_config(options, set_ or [], params) if resume else None
         config = config or train_config(read_params(params), options, set_ or [])
         done: dict[str, Any] = {"round": None}

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from pipeline import strict_yaml
 from pipeline.data.client_mix import MIXES, check_shares
 from pipeline.data.concepts import parse_concepts
 from pipeline.data.corruptions import CORRUPTIONS, accepted, suite_name
@@ -27,6 +28,8 @@ from pipeline.settings import positive as _positive
 from pipeline.settings import require as _require
 
 DEVICES = ("auto", "cpu", "cuda")
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds; a negative one is refused by numpy
+SEEDS = "an integer in [0, 2**32-1]"
 SHIFTS = ("label", "feature", "concept")
 # implemented in pipeline.data.label_splits, which reads a PartitionConfig
 LABEL_SPLITS = (
@@ -186,6 +189,7 @@ class PartitionConfig:
         _require(0 < tf < 1, f"{p}.test_fraction", "a number in (0, 1)", tf)
         hs = self.holdout_samples
         _require(hs is None or hs >= 10, f"{p}.holdout_samples", ">= 10 or null", hs)
+        _require(0 <= self.seed <= SEED_MAX, f"{p}.seed", SEEDS, self.seed)
         self._validate_drift(concepts)
 
     @property
@@ -332,6 +336,7 @@ class TrainConfig:
         _require(0 < self.server_lr <= 10, f"{t}.server_lr", "a number in (0, 10]", self.server_lr)
         sb = self.skip_below
         _require(0 <= sb < 1, f"{t}.skip_below", "a number in [0, 1)", sb)
+        _require(0 <= self.seed <= SEED_MAX, f"{t}.seed", SEEDS, self.seed)
 
     def over_steps(self, time_steps: int) -> TrainConfig:
         """The configuration for a benchmark of `time_steps` steps: `rounds_per_step` fixed
@@ -406,7 +411,9 @@ def read_params(path: Path | None) -> dict[str, Any]:
     if not path.is_file():
         raise FedrcError(f"--params: file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = strict_yaml.load(path.read_text()) or {}
+    except strict_yaml.DuplicateKey as e:
+        raise FedrcError(f"{path}: {e}; YAML would keep only the last, so remove one") from None
     except yaml.YAMLError as e:
         raise FedrcError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):

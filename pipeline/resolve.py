@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import strict_yaml
 from pipeline.algorithms import ALGORITHMS, BUILT_IN
 from pipeline.config import (
     PROFILES,
@@ -100,7 +101,9 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise FedrcError(f"--set {item}: expected KEY=VALUE, for example --set estep=adam")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = strict_yaml.load(text) if text.strip() else ""
+    except strict_yaml.DuplicateKey as e:
+        raise FedrcError(f"--set {item}: {e}; give each key once") from None
     except yaml.YAMLError:
         value = text
     return key.strip(), value

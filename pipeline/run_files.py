@@ -8,13 +8,18 @@ runs/<name>/
   checkpoint-momentum-r<N>.npy  the persistent SGD momentum of that state, where it is kept
   model.pt             the final models and ω, for eval and plot
 Checkpoints hold only tensors, numbers and strings and are read with weights_only=True.
+checkpoint.pt and model.pt carry the SHA-256 of their bytes, checked before torch reads them
+(`save_state`, `load_state`), and what they hold is checked against the run before it is used
+(`RunState.load`, `check_model`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import pickle
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,18 +54,70 @@ def momentum_snapshot(out: Path, round_: int) -> Path:
     return out / f"checkpoint-momentum-r{round_}.npy"
 
 
-def save_state(path: Path, state: dict[str, Any]) -> None:
+# The seal: torch.save writes a zip archive; fedrc puts the SHA-256 of that archive in the
+# archive's comment, which every zip reader (torch.load included) skips. A file without it was
+# written before fedrc sealed its files and is read as before; one whose state says it was
+# sealed ("checksum") but whose seal is gone is refused.
+SEAL = b"fedrc-sha256:"
+SEAL_SIZE = len(SEAL) + 64
+END_OF_ZIP = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes + comment
+
+
+def save_state(path: Path, state: dict[str, Any], format: int = CHECKPOINT_FORMAT) -> None:
     # Serialise in memory first: torch.save reports a full disk as an opaque RuntimeError,
     # a plain write as OSError(ENOSPC) that names the file.
     buffer = io.BytesIO()
-    torch.save({**state, "format": CHECKPOINT_FORMAT}, buffer)
+    torch.save({**state, "format": format, "checksum": "sha256"}, buffer)
+    size = buffer.tell()
+    view = buffer.getbuffer()
+    if bytes(view[size - 22 : size - 18]) != END_OF_ZIP or bytes(view[size - 2 :]) != b"\0\0":
+        raise RuntimeError("torch.save wrote an archive fedrc cannot seal")  # a torch change
+    digest = hashlib.sha256(view).hexdigest().encode()
+    del view
+    buffer.seek(size - 2)  # the comment's length, then the comment
+    buffer.write(SEAL_SIZE.to_bytes(2, "little") + SEAL + digest)
     with atomic_file(path) as tmp:
         tmp.write_bytes(buffer.getbuffer())
+
+
+def _damaged(path: Path, what: str) -> FedrcError:
+    return FedrcError(
+        f"{path}: damaged: {what} (the file was changed or corrupted after fedrc wrote it)"
+    )
+
+
+def check_seal(path: Path) -> bool:
+    """Whether `path` carries a seal; raises when its bytes do not match it. The bytes are
+    read and hashed before anything in them is unpickled."""
+    with path.open("rb") as f:
+        size = f.seek(0, io.SEEK_END)
+        f.seek(max(0, size - 4 * SEAL_SIZE))
+        tail = f.read()
+        at = tail.rfind(SEAL)
+        if at < 0:
+            return False
+        digest = tail[at + len(SEAL) :]
+        length = int.from_bytes(tail[max(0, at - 2) : at], "little")
+        if length != SEAL_SIZE or re.fullmatch(rb"[0-9a-f]{64}", digest) is None:
+            raise _damaged(path, "its SHA-256 seal is broken")
+        hashed, left = hashlib.sha256(), size - SEAL_SIZE - 2
+        f.seek(0)
+        while left > 0:
+            chunk = f.read(min(left, 2**24))
+            if not chunk:
+                break
+            hashed.update(chunk)
+            left -= len(chunk)
+        hashed.update(b"\0\0")
+    if hashed.hexdigest().encode() != digest:
+        raise _damaged(path, "its SHA-256 does not match its contents")
+    return True
 
 
 def load_state(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FedrcError(f"{path}: not found")
+    sealed = check_seal(path)
     try:
         with warnings.catch_warnings():  # e.g. about a foreign pickle protocol: we refuse anyway
             warnings.simplefilter("ignore")
@@ -82,6 +139,8 @@ def load_state(path: Path) -> dict[str, Any]:
             f"{path}: written by a newer fedrc (checkpoint format {state['format']}, this fedrc "
             f"reads up to {CHECKPOINT_FORMAT}); upgrade fedrc"
         )
+    if "checksum" in state and not sealed:
+        raise _damaged(path, "its SHA-256 seal is missing")
     return state
 
 
@@ -189,6 +248,132 @@ def read_assignments(path: Path) -> pa.Table:
     return read_parquet(path, "not found (did `fedrc train` finish?)")
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a run's checkpoint.pt or model.pt must hold to be used: from the run's
+    configuration, its data and its metrics.jsonl, checked before anything is touched."""
+
+    rounds: int  # the run's rounds: a state's round is in [0, rounds]
+    models: tuple[int, ...]  # rows × parameters of the configured model
+    omega: tuple[int, ...]  # clients × K
+    algorithm: dict[str, Any]  # a fresh algorithm's state: its keys and tensor shapes
+    metrics: Path
+    logged: int  # metrics.jsonl holds rounds 1..logged
+    logits: tuple[int, ...] | None = None  # rows × samples × classes (checkpoint's cache)
+
+
+def logged_rounds(path: Path) -> int:
+    """n when metrics.jsonl holds every round 1..n (0 when it is missing or starts later);
+    a line torn by a kill is not counted."""
+    if not path.is_file():
+        return 0
+    rounds = {row["round"] for row in read_metrics(path, torn_tail_ok=True)}
+    n = 0
+    while n + 1 in rounds:
+        n += 1
+    return n
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def check_tensor(
+    path: Path,
+    key: str,
+    value: Any,
+    shape: tuple[int, ...],
+    what: str = "",
+    floating: bool = True,
+    finite: bool = True,
+) -> torch.Tensor:
+    """`value` is a tensor of `shape` (float, and finite when `finite`, if `floating`; else
+    of an integer or bool type), else one line naming the file and the field."""
+    kind = "float" if floating else "integer"
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.is_floating_point() != floating
+        or tuple(value.shape) != tuple(shape)
+    ):
+        raise FedrcError(
+            f"{path}: {key}: expected a {kind} tensor of shape {tuple(shape)}{what}, got "
+            f"{_described(value)}"
+        )
+    if floating and finite and not bool(torch.isfinite(value).all()):
+        raise FedrcError(f"{path}: {key}: holds NaN or infinite values")
+    return value
+
+
+def check_round(path: Path, value: Any, expect: Expected) -> int:
+    """An integer in [0, rounds] that metrics.jsonl has reached."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or not 0 <= value <= expect.rounds:
+        raise FedrcError(
+            f"{path}: round: expected an integer in [0, {expect.rounds}] (the run's rounds), "
+            f"got {value!r}"
+        )
+    if value > expect.logged:
+        raise FedrcError(
+            f"{path}: round {value}, but {expect.metrics} holds rounds 1..{expect.logged} "
+            "only: the files do not belong together"
+        )
+    return value
+
+
+PLAIN = (int, float, str, bool, dict, list)
+
+
+def check_algorithm(path: Path, value: Any, reference: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm's state: the keys a fresh algorithm has, its tensors' shapes and kinds."""
+    if not isinstance(value, dict):
+        raise FedrcError(f"{path}: algorithm: expected a mapping, got {_described(value)}")
+    unknown = sorted(set(value) - set(reference), key=str)
+    if unknown:  # a key a file of an older fedrc lacks keeps its initial value, as before
+        raise FedrcError(
+            f"{path}: algorithm: unknown keys {unknown} (this algorithm has {sorted(reference)})"
+        )
+    for key, held in value.items():
+        fresh = reference[key]
+        if isinstance(fresh, torch.Tensor):
+            floating = fresh.is_floating_point()
+            check_tensor(path, f"algorithm.{key}", held, fresh.shape, "", floating)
+            continue
+        kinds = (type(fresh), type(held))
+        if type(fresh) in PLAIN and kinds[1] is not kinds[0] and kinds != (float, int):
+            raise FedrcError(
+                f"{path}: algorithm.{key}: expected {type(fresh).__name__}, got {_described(held)}"
+            )
+    return value
+
+
+def check_omega_history(
+    path: Path, rounds: Any, history: Any, last: int, omega: tuple[int, ...]
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The evaluated rounds (increasing, in [1, last]) and an ω table for each."""
+    if not isinstance(rounds, list | tuple) or not all(
+        isinstance(r, int) and not isinstance(r, bool) for r in rounds
+    ):
+        raise FedrcError(
+            f"{path}: eval_rounds: expected a list of rounds, got {_described(rounds)}"
+        )
+    if list(rounds) != sorted(set(rounds)) or (rounds and not 1 <= rounds[0] <= rounds[-1] <= last):
+        raise FedrcError(
+            f"{path}: eval_rounds: expected increasing rounds in [1, {last}], got "
+            f"{list(rounds)[:8]}"
+        )
+    if not isinstance(history, list | tuple) or len(history) != len(rounds):
+        count = len(history) if isinstance(history, list | tuple) else _described(history)
+        raise FedrcError(
+            f"{path}: omega_history: expected an ω table for each of the {len(rounds)} "
+            f"evaluated rounds, got {count}"
+        )
+    for i, table in enumerate(history):
+        check_tensor(path, f"omega_history[{i}]", table, omega, " (clients × K)")
+    return list(rounds), list(history)
+
+
 @dataclass
 class RunState:
     """Everything `--resume` needs to continue after `round` with the same numbers.
@@ -231,16 +416,18 @@ class RunState:
                 old.unlink(missing_ok=True)
 
     @classmethod
-    def load(cls, path: Path) -> RunState:
+    def load(cls, path: Path, expect: Expected | None = None) -> RunState:
+        """The checkpoint at `path`; with `expect`, every field is checked against the run
+        first (a FedrcError naming the file and the field), so nothing is touched for a bad one."""
         state = load_state(path)
         try:
             legacy = state["momentum"] if state["format"] == 1 else None
-            return cls(
-                round=int(state["round"]),
+            loaded = cls(
+                round=state["round"] if expect is not None else int(state["round"]),
                 models=state["models"],
                 algorithm=state["algorithm"],
-                eval_rounds=list(state["eval_rounds"]),
-                omega_history=list(state["omega_history"]),
+                eval_rounds=state["eval_rounds"],
+                omega_history=state["omega_history"],
                 cached_logits=state["cached_logits"],
                 rng=state.get("rng"),
                 momentum_present=state.get("momentum_present"),
@@ -248,6 +435,46 @@ class RunState:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise FedrcError(f"{path}: not a fedrc checkpoint (lacks {e})") from None
+        if expect is None:
+            loaded.eval_rounds, loaded.omega_history = (
+                list(loaded.eval_rounds),
+                list(loaded.omega_history),
+            )
+            return loaded
+        loaded.check(path, expect)
+        return loaded
+
+    def check(self, path: Path, expect: Expected) -> None:
+        self.round = check_round(path, self.round, expect)
+        what = " (rows × parameters of the configured model)"
+        check_tensor(path, "models", self.models, expect.models, what)
+        check_algorithm(path, self.algorithm, expect.algorithm)
+        self.eval_rounds, self.omega_history = check_omega_history(
+            path, self.eval_rounds, self.omega_history, self.round, expect.omega
+        )
+        if self.cached_logits is not None and expect.logits is not None:
+            what = " (rows × samples × classes)"
+            check_tensor(path, "cached_logits", self.cached_logits, expect.logits, what)
+        if self.rng is not None:
+            rng = torch.get_rng_state()
+            check_tensor(path, "rng", self.rng, rng.shape, " (torch's RNG state)", False)
+            if self.rng.dtype != rng.dtype:
+                raise FedrcError(
+                    f"{path}: rng: expected a uint8 tensor, got {_described(self.rng)}"
+                )
+
+
+def check_model(path: Path, state: dict[str, Any], expect: Expected) -> None:
+    """model.pt's fields against the run it is scored for (`fedrc eval`)."""
+    for key in ("round", "models", "omega", "algorithm"):
+        if key not in state:
+            raise FedrcError(f"{path}: not a fedrc model file (lacks {key!r})")
+    check_round(path, state["round"], expect)
+    what = " (rows × parameters of the configured model)"
+    # NaN weights: scoring them says "non-finite logits — the models diverged"
+    check_tensor(path, "models", state["models"], expect.models, what, finite=False)
+    check_tensor(path, "omega", state["omega"], expect.omega, " (clients × K)")
+    check_algorithm(path, state["algorithm"], expect.algorithm)
 
 
 def save_model(

@@ -29,6 +29,7 @@ from pipeline.evaluate import (
 )
 from pipeline.io import atomic_files
 from pipeline.resolve import from_values, recorded_identity
+from pipeline.run_lock import writer_lock
 from pipeline.training import make_executor, resolve_device, run_training
 
 __all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
@@ -39,8 +40,9 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
 
     A benchmark already in `config.out` is replaced only with `overwrite` (runs trained on it
     would no longer evaluate); a folder holding anything else is never replaced."""
-    check_partition_out(Path(config.out), overwrite)
-    return write_benchmark(config, load_dataset(config.dataset, config.data_root))
+    with writer_lock(config.out, "--out", "fedrc partition", beside=True):
+        check_partition_out(Path(config.out), overwrite)
+        return write_benchmark(config, load_dataset(config.dataset, config.data_root))
 
 
 def check_partition_out(out: Path, overwrite: bool) -> None:
@@ -86,7 +88,12 @@ def _at(row: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 def eval_stage(config: EvalConfig) -> dict[str, Any]:
     """eval.json: accuracies at the best-train round and the last round, concept and label
-    purity; per client."""
+    purity; per client. The run folder is held while it is scored (`pipeline.run_lock`)."""
+    with writer_lock(config.run, "--run", "fedrc eval", create=False):
+        return _evaluate(config)
+
+
+def _evaluate(config: EvalConfig) -> dict[str, Any]:
     run = Path(config.run)
     train_config = run_config(run)
     final = rf.load_state(run / rf.MODEL)
@@ -113,6 +120,15 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     device = resolve_device("auto")
     executor = make_executor(train_config, data, device)
     algorithm = build_algorithm(train_config, len(data.clients), data.num_classes)
+    expect = rf.Expected(
+        rounds=train_config.rounds,
+        models=(algorithm.num_rows, executor.flatten().numel()),
+        omega=tuple(algorithm.omega_table().shape),
+        algorithm=algorithm.state_dict(),
+        metrics=run / rf.METRICS,
+        logged=max((r["round"] for r in metrics), default=0),
+    )
+    rf.check_model(run / rf.MODEL, final, expect)  # before anything in it is used
     algorithm.load_state_dict(final["algorithm"])
     data = data.at_step(data.time_steps - 1).to(device)  # the final models, on the last step
     models = final["models"].to(device)
@@ -175,6 +191,12 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
 
 
 def plot_stage(config: PlotConfig) -> list[Path]:
+    """plots/ in the run folder, which is held while it is drawn (`pipeline.run_lock`)."""
+    with writer_lock(config.run, "--run", "fedrc plot", create=False):
+        return _plot(config)
+
+
+def _plot(config: PlotConfig) -> list[Path]:
     from pipeline.plots import draw_all  # matplotlib is imported only when plotting
 
     run = Path(config.run)

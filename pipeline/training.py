@@ -18,6 +18,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from pipeline.models import build_model
 from pipeline.models.layout import head_range
 from pipeline.momentum import MomentumStore
 from pipeline.resolve import recorded_identity
+from pipeline.run_lock import writer_lock
 from pipeline.time_steps import ends_step, step_of
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -260,9 +262,28 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
-    """The checkpoint to resume, refused when written with another configuration or when
-    the momentum snapshot it names is gone."""
+def expected_state(run: Run, out: Path) -> rf.Expected:
+    """What this run's checkpoint must hold: shapes from the configured model, algorithm and
+    data, the rounds from the configuration and metrics.jsonl."""
+    models = tuple(run.models.shape)
+    return rf.Expected(
+        rounds=run.config.rounds,
+        models=models,
+        omega=tuple(run.algorithm.omega_table().shape),
+        algorithm=run.algorithm.state_dict(),
+        metrics=out / rf.METRICS,
+        logged=rf.logged_rounds(out / rf.METRICS),
+        # a checkpoint's cached logits are used, and checked, in one process only
+        logits=(models[0], run.data.labels.numel(), run.data.num_classes)
+        if run.comm.size == 1
+        else None,
+    )
+
+
+def checked_state(out: Path, wanted: dict[str, Any], run: Run) -> rf.RunState:
+    """The checkpoint to resume, refused (before anything is touched) when written with
+    another configuration, when a field does not fit the run (`rf.RunState.check`), or when
+    the momentum snapshot it names is gone or of another shape."""
     path = out / rf.CHECKPOINT
     recorded = rf.state_identity(path, rf.load_state(path))
     other = rf.identity_mismatch(recorded_identity(recorded, f"{path}: identity"), wanted)
@@ -270,12 +291,25 @@ def checked_state(out: Path, wanted: dict[str, Any]) -> rf.RunState:
         raise FedrcError(
             f"--resume: {path} was written with {other}; start a new run with another --out"
         )
-    state = rf.RunState.load(path)
-    snapshot = rf.momentum_snapshot(out, state.round)
-    if state.momentum_present is not None and not snapshot.is_file():
-        raise FedrcError(
-            f"--resume: {snapshot} not found (the momentum of {path}); start again with --overwrite"
-        )
+    state = rf.RunState.load(path, expected_state(run, out))
+    if state.momentum_present is not None and run.momentum.enabled:
+        snapshot = rf.momentum_snapshot(out, state.round)
+        if not snapshot.is_file():
+            raise FedrcError(
+                f"--resume: {snapshot} not found (the momentum of {path}); start again with "
+                "--overwrite"
+            )
+        present = tuple(run.momentum.present.shape)
+        rf.check_tensor(path, "momentum_present", state.momentum_present, present, "", False)
+        try:
+            shape = np.load(snapshot, mmap_mode="r").shape
+        except (OSError, ValueError) as e:
+            raise FedrcError(f"{snapshot}: not a momentum snapshot ({e})") from None
+        if shape != (*present, run.momentum.size):
+            raise FedrcError(
+                f"{snapshot}: shape {shape}, expected {(*present, run.momentum.size)} "
+                f"(the momentum of {path})"
+            )
     return state
 
 
@@ -391,7 +425,28 @@ def train_run(
     executor_factory: ExecutorFactory = make_executor,
 ) -> Path:
     """The run on this place; `data` and `executor_factory` are given where the samples are
-    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes)."""
+    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes).
+
+    The main place, which writes the run's files, holds the run folder's lock throughout: a
+    second writer is refused on every place (`pipeline.run_lock`)."""
+    with ExitStack() as held:
+
+        def lock() -> None:
+            held.enter_context(writer_lock(config.out, "--out", "fedrc train"))
+
+        comm.agree(lock, everywhere=False)
+        return _train_run(config, comm, resume, overwrite, on_round, data, executor_factory)
+
+
+def _train_run(
+    config: TrainConfig,
+    comm: Communicator,
+    resume: bool,
+    overwrite: bool,
+    on_round: RoundCallback | None,
+    data: FederatedData | None,
+    executor_factory: ExecutorFactory,
+) -> Path:
     out, main = Path(config.out), comm.is_main
     if data is None:
         # Every step that can fail on one place only is agreed on: all places raise its error.
@@ -415,7 +470,7 @@ def train_run(
         start, cached, eval_rounds, history = 0, None, [], []
         if resume:  # the main place reads the checkpoint and sends it to the others
             state = comm.broadcast_object(
-                comm.agree(lambda: checked_state(out, wanted), everywhere=False)
+                comm.agree(lambda: checked_state(out, wanted, run), everywhere=False)
             )
             run.models = state.models.to(comm.device)
             run.algorithm.load_state_dict(state.algorithm)

@@ -179,6 +179,7 @@ def legacy_files(run: Path) -> None:
             identity.pop(key, None)  # added later; left out at their defaults back then
         identity.update({k: v for k, v in flat.items() if k in old_defaults})
         state["identity"] = json.dumps(identity, sort_keys=True)
+        state.pop("checksum", None)  # sealed files came later
         torch.save(state, run / name)
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,6 +34,7 @@ from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
 from pipeline.data.records import content_hash
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
+from pipeline.models import MODELS, build_model
 from pipeline.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
 
@@ -128,11 +130,39 @@ def crafted_pickle(rel: str) -> Callable[[Path], None]:
 
 
 def edit_state(rel: str, **changes) -> Callable[[Path], None]:
+    """Change fields of a checkpoint or model.pt and seal it again, as fedrc would write it:
+    only the checks of what it holds can refuse it. A change may be a function of the old
+    state."""
+
     def go(root: Path) -> None:
         state = rf.load_state(root / rel)
-        state.update(changes)
-        state.pop("format")
-        torch.save({**state, "format": changes.get("format", rf.CHECKPOINT_FORMAT)}, root / rel)
+        state.update({k: v(state) if callable(v) else v for k, v in changes.items()})
+        rf.save_state(root / rel, state, format=state.pop("format"))
+
+    return go
+
+
+def unsealed(rel: str) -> Callable[[Path], None]:
+    """The same state written by plain torch.save: its seal is gone."""
+    return lambda root: torch.save(rf.load_state(root / rel), root / rel)
+
+
+def legacy(rel: str) -> Callable[[Path], None]:
+    """The file as a fedrc from before seals wrote it: no seal, no "checksum" key."""
+
+    def go(root: Path) -> None:
+        state = rf.load_state(root / rel)
+        state.pop("checksum")
+        torch.save(state, root / rel)
+
+    return go
+
+
+def nan_first(key: str) -> Callable[[dict], list]:
+    def go(state: dict) -> list:
+        tables = [t.clone() for t in state[key]]
+        tables[0][0, 0] = float("nan")
+        return tables
 
     return go
 
@@ -143,6 +173,21 @@ def schema_change(root: Path) -> None:
     table = pq.read_table(path)
     table = table.set_column(1, "label", table.column("label").cast(pa.int32()))
     pq.write_table(table, path)
+    rehash(root, path)
+
+
+def label_out_of_range(root: Path) -> None:
+    """Shard 0 with a label 10 (the synthetic benchmark's classes are 0..9), hash recorded."""
+    path = root / "d/shards/client-00000.parquet"
+    table = pq.read_table(path)
+    labels = table.column("label").to_numpy().copy()
+    labels[3] = 10
+    pq.write_table(table.set_column(1, "label", pa.array(labels, pa.int16())), path)
+    rehash(root, path)
+
+
+def rehash(root: Path, path: Path) -> None:
+    """The manifest records `path`'s new SHA-256: only the shard checks can find the change."""
     manifest = json.loads((root / "d/manifest.json").read_text())
     manifest["files"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest["content_hash"] = content_hash(manifest["files"])
@@ -161,6 +206,7 @@ def nothing(root: Path) -> None:
     pass
 
 
+LONG = "x" * 300  # longer than any file system's NAME_MAX (255 bytes)
 TORN = '{"round": 1, "train_loss": 0.5}\n{"round": 2, "train_lo'
 RESUME = ["train", *RUN_R, "--rounds", "3", "--out", "r", "--resume"]
 
@@ -204,6 +250,30 @@ CASES = [
         nothing,
         ["--clients"],
     ),
+    (
+        "p-seed-neg",
+        ["partition", "--seed", "-1"],
+        nothing,
+        ["partition.seed: expected an integer in [0, 2**32-1], got -1"],
+    ),
+    (
+        "p-seed-huge",
+        ["partition", "--seed", str(2**32)],
+        nothing,
+        ["partition.seed", "[0, 2**32-1]"],
+    ),
+    (
+        "p-out-too-long",
+        ["partition", *options(PART), "--out", "y" * 250],  # 250 fits, not its temporary name
+        nothing,
+        ["--out: yyy", "name too long for the file system (250 bytes; at most 241"],
+    ),
+    (
+        "p-out-folder-too-long",
+        ["partition", *options(PART), "--out", f"{LONG}/d"],
+        nothing,
+        ["--out: xxx", "a folder name in it is too long", "(300 bytes, at most 255)"],
+    ),
     # partition: params files
     ("p-params-missing", ["partition", "--params", "missing.yaml"], nothing, ["--params"]),
     (
@@ -236,7 +306,69 @@ CASES = [
         write("p.yaml", "partitoin:\n  clients: 4\n"),
         ["p.yaml", "'partitoin'", "did you mean 'partition'"],
     ),
+    (
+        "p-duplicate-key",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition:\n  clients: 4\n  seed: 1\n  clients: 5\n"),
+        ["p.yaml: partition.clients: given twice (lines 2 and 4)", "keep only the last"],
+    ),
+    (
+        "p-duplicate-in-list",
+        ["partition", "--params", "p.yaml"],
+        write("p.yaml", "partition:\n  drift:\n    - {step: 1, share: 0.5, step: 2}\n"),
+        ["p.yaml: partition.drift[0].step: given twice"],
+    ),
     # train: options and params
+    (
+        "t-seed-neg",
+        ["train", "--seed", "-1"],
+        nothing,
+        ["train.seed: expected an integer in [0, 2**32-1], got -1"],
+    ),
+    ("t-seed-huge", ["train", "--seed", str(2**40)], nothing, ["train.seed", "[0, 2**32-1]"]),
+    (
+        "t-seed-params",
+        ["train", "--params", "p.yaml"],
+        write("p.yaml", "train:\n  seed: -7\n"),
+        ["train.seed", "got -7"],
+    ),
+    (
+        "t-duplicate-section",
+        ["train", "--params", "p.yaml"],
+        write("p.yaml", "train:\n  lr: 0.1\neval: {}\ntrain:\n  lr: 0.2\n"),
+        ["p.yaml: train: given twice (lines 1 and 4)"],
+    ),
+    (
+        "t-duplicate-default-params",
+        ["train", *RUN_R, "--out", "new"],
+        write("params.yaml", "train:\n  lr: 0.1\n  lr: 0.2\n"),
+        ["params.yaml: train.lr: given twice"],
+    ),
+    (
+        "t-set-duplicate",
+        ["train", *RUN_R, "--out", "new", "--set", "fedrc={estep: em, estep: adam}"],
+        nothing,
+        ["--set fedrc=", "estep: given twice"],
+    ),
+    ("t-out-too-long", ["train", *RUN_R, "--out", LONG], nothing, ["--out: xxx", "name too long"]),
+    (
+        "t-out-too-long-resume",
+        ["train", *RUN_R, "--out", LONG, "--resume"],
+        nothing,
+        ["--out: xxx", "name too long"],
+    ),
+    (
+        "t-data-too-long",
+        ["train", "--data", LONG, "--out", "new"],
+        nothing,
+        ["xxx", "name too long"],
+    ),
+    (
+        "t-label-out-of-range",
+        ["train", *RUN_R, "--out", "new"],
+        label_out_of_range,
+        ["d/shards/client-00000.parquet: label 10 in row 3 (1 such rows) is outside [0, 10)"],
+    ),
     (
         "t-algorithm",
         ["train", "--algorithm", "fedfoo"],
@@ -336,6 +468,96 @@ CASES = [
         ["checkpoint.pt", "newer"],
     ),
     ("t-resume-pickle", RESUME, crafted_pickle("r/checkpoint.pt"), ["checkpoint.pt", "refused"]),
+    # train --resume: a checkpoint checked, not trusted (the files stay as they were)
+    (
+        "t-resume-flipped",
+        RESUME,
+        flip_byte("r/checkpoint.pt"),
+        ["r/checkpoint.pt: damaged", "SHA-256 does not match"],
+    ),
+    (
+        "t-resume-unsealed",
+        RESUME,
+        unsealed("r/checkpoint.pt"),
+        ["checkpoint.pt", "seal is missing"],
+    ),
+    (
+        "t-resume-round-99",
+        RESUME,
+        edit_state("r/checkpoint.pt", round=99),
+        ["r/checkpoint.pt: round: expected an integer in [0, 3]", "got 99"],
+    ),
+    (
+        "t-resume-round-neg",
+        RESUME,
+        edit_state("r/checkpoint.pt", round=-3),
+        ["r/checkpoint.pt: round: expected an integer in [0, 3]", "got -3"],
+    ),
+    (
+        "t-resume-round-text",
+        RESUME,
+        edit_state("r/checkpoint.pt", round="2"),
+        ["r/checkpoint.pt: round: expected an integer", "got '2'"],
+    ),
+    (
+        "t-resume-round-past-metrics",
+        ["train", *RUN_R, "--rounds", "100", "--out", "r", "--resume"],
+        edit_state("r/checkpoint.pt", round=50),
+        ["r/checkpoint.pt: round 50", "metrics.jsonl holds rounds 1..2"],
+    ),
+    (
+        "t-resume-models-shape",
+        RESUME,
+        edit_state("r/checkpoint.pt", models=torch.zeros(2, 10)),
+        [
+            "r/checkpoint.pt: models: expected a float tensor of shape (2, ",
+            "got a float32 tensor of shape (2, 10)",
+        ],
+    ),
+    (
+        "t-resume-models-nan",
+        RESUME,
+        edit_state("r/checkpoint.pt", models=lambda s: s["models"] * float("nan")),
+        ["r/checkpoint.pt: models: holds NaN"],
+    ),
+    (
+        "t-resume-omega-shape",
+        RESUME,
+        edit_state(
+            "r/checkpoint.pt", algorithm=lambda s: {**s["algorithm"], "omega": torch.ones(3, 5)}
+        ),
+        ["r/checkpoint.pt: algorithm.omega: expected a float tensor of shape (", "(3, 5)"],
+    ),
+    (
+        "t-resume-omega-history",
+        RESUME,
+        edit_state("r/checkpoint.pt", omega_history=nan_first("omega_history")),
+        ["r/checkpoint.pt: omega_history[0]: holds NaN"],
+    ),
+    (
+        "t-resume-eval-rounds",
+        RESUME,
+        edit_state("r/checkpoint.pt", eval_rounds=[2, 1]),
+        ["r/checkpoint.pt: eval_rounds: expected increasing rounds in [1, 2]"],
+    ),
+    (
+        "t-resume-history-count",
+        RESUME,
+        edit_state("r/checkpoint.pt", omega_history=lambda s: s["omega_history"][:1]),
+        ["r/checkpoint.pt: omega_history", "each of the 2 evaluated rounds, got 1"],
+    ),
+    (
+        "t-resume-algorithm-key",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=lambda s: {**s["algorithm"], "evil": 1}),
+        ["r/checkpoint.pt: algorithm: unknown keys ['evil']"],
+    ),
+    (
+        "t-resume-rng",
+        RESUME,
+        edit_state("r/checkpoint.pt", rng=torch.zeros(3, dtype=torch.uint8)),
+        ["r/checkpoint.pt: rng"],
+    ),
     ("t-resume-truncated", RESUME, truncate("r/checkpoint.pt", 500), ["checkpoint.pt", "damaged"]),
     (
         "t-resume-metrics",
@@ -345,6 +567,8 @@ CASES = [
     ),
     # eval
     ("e-no-run", ["eval", "--run", "nowhere"], nothing, ["config.json"]),
+    ("e-run-too-long", ["eval", "--run", LONG], nothing, ["--run: xxx", "too long"]),
+    ("pl-run-too-long", ["plot", "--run", LONG], nothing, ["--run: xxx", "too long"]),
     ("e-config", ["eval", "--run", "r"], truncate("r/config.json", 20), ["r/config.json"]),
     ("e-config-value", ["eval", "--run", "r"], edit_config(lr=-1.0), ["r/config.json", "train.lr"]),
     ("e-model-missing", ["eval", "--run", "r"], remove("r/model.pt"), ["model.pt", "not found"]),
@@ -353,6 +577,37 @@ CASES = [
         ["eval", "--run", "r"],
         crafted_pickle("r/model.pt"),
         ["model.pt", "refused"],
+    ),
+    (
+        "e-model-flipped",
+        ["eval", "--run", "r"],
+        flip_byte("r/model.pt"),
+        ["r/model.pt: damaged", "SHA-256 does not match"],
+    ),
+    ("e-model-unsealed", ["eval", "--run", "r"], unsealed("r/model.pt"), ["model.pt", "seal"]),
+    (
+        "e-model-shape",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", models=torch.zeros(2, 10)),
+        ["r/model.pt: models: expected a float tensor of shape (2, ", "(2, 10)"],
+    ),
+    (
+        "e-model-omega",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", omega=lambda s: s["omega"][:, :1]),
+        ["r/model.pt: omega: expected a float tensor of shape (", "clients × K"],
+    ),
+    (
+        "e-model-omega-nan",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", omega=lambda s: s["omega"] * float("nan")),
+        ["r/model.pt: omega: holds NaN"],
+    ),
+    (
+        "e-model-round",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", round=99),
+        ["r/model.pt: round: expected an integer in [0, 2]", "got 99"],
     ),
     (
         "e-model-other-alg",
@@ -422,6 +677,77 @@ def test_crafted_pickle_never_runs(here: Path, name: str) -> None:
     args = RESUME if name == "checkpoint.pt" else ["eval", "--run", "r"]
     assert_one_line(invoke(*args), name, "refused", code=2)
     assert not marker.exists()
+
+
+def test_a_model_that_does_not_fit_the_images_is_one_line(here: Path) -> None:
+    """The CNN's two 5×5 convolutions need more than 8×8 pixels: refused before training."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in range(4):
+        folder = here / "tree8" / f"c{label}"
+        folder.mkdir(parents=True)
+        for i in range(40):
+            pixels = rng.integers(0, 255, (8, 8), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:03d}.png")
+    tiny = dict(clients=4, samples_per_client=30, holdout_samples=10, concepts=["identity"])
+    partition_stage(PartitionConfig(dataset="folder", data_root="tree8", out="d8", **tiny))
+    before = snapshot(here)
+    result = invoke("train", "--data", "d8", "--device", "cpu", "--rounds", "1", "--out", "r8")
+    assert_one_line(result, "train.model: cnn does not fit 8×8 images with 1 channel(s)", code=2)
+    assert snapshot(here) == before  # no run folder
+
+
+def test_the_model_check_leaves_no_trace() -> None:
+    """The forward pass that checks a model against the image size draws no random number
+    and leaves every module in the mode it was built in: the numbers do not change."""
+    torch.manual_seed(0)
+    checked = build_model((16, 16, 1), 10, "cnn")
+    after_checked = torch.get_rng_state()
+    torch.manual_seed(0)
+    plain = MODELS.get("cnn").build((16, 16, 1), 10, None)
+    assert torch.equal(after_checked, torch.get_rng_state())
+    for a, b in zip(checked.state_dict().values(), plain.state_dict().values()):
+        assert torch.equal(a, b)
+    assert all(module.training for module in checked.modules())
+
+
+def test_cached_logits_are_checked_in_one_process_only(here: Path) -> None:
+    """Under torchrun a place holds its own clients' rows: a checkpoint's cached logits (of
+    every row, written by one process) are not used there, so their shape is not checked."""
+    from pipeline.communicate import Communicator
+    from pipeline.data.shards import load_federated
+    from pipeline.stages import run_config
+    from pipeline.training import build_run, expected_state
+
+    data = load_federated(Path("d"))
+    run = build_run(run_config(Path("r")), data, Communicator(torch.device("cpu")))
+    rows = run.models.shape[0]
+    assert expected_state(run, Path("r")).logits == (rows, data.labels.numel(), data.num_classes)
+
+    class TwoPlaces(Communicator):
+        size = 2
+
+    run.comm = TwoPlaces(torch.device("cpu"))
+    assert expected_state(run, Path("r")).logits is None
+
+
+def test_files_from_before_seals_load_as_before(here: Path) -> None:
+    """checkpoint.pt and model.pt without a seal (older fedrc) are read as they were; a sealed
+    file is still a plain torch archive that torch.load reads without fedrc."""
+    before = Path("r/eval.json").read_text()
+    legacy("r/model.pt")(here)
+    legacy("r/checkpoint.pt")(here)
+    assert not rf.check_seal(Path("r/model.pt")) and not rf.check_seal(Path("r/checkpoint.pt"))
+    result = invoke("eval", "--run", "r")
+    assert result.exit_code == 0, result.output
+    assert Path("r/eval.json").read_text() == before
+    result = invoke(*RESUME)
+    assert result.exit_code == 0, result.output
+    assert [r["round"] for r in rf.read_metrics(Path("r/metrics.jsonl"))] == [1, 2, 3]
+    assert rf.check_seal(Path("r/model.pt")) and rf.check_seal(Path("r/checkpoint.pt"))
+    state = torch.load("r/model.pt", weights_only=True)
+    assert state["round"] == 3 and state["checksum"] == "sha256"
 
 
 def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:

@@ -118,7 +118,7 @@ def test_persistent_momentum_that_does_not_fit_on_disk_is_refused(
     message = str(info.value)
     assert "\n" not in message and "persistent_momentum" in message
     assert "GB of momentum buffers" in message and "0.0 GB free" in message
-    assert not any((tmp_path / "run").iterdir())  # nothing written
+    assert not (tmp_path / "run").exists()  # nothing written, not even the folder
 
 
 def test_checkpoint_interval_grows_with_the_state(
@@ -149,6 +149,7 @@ def write_format_1(out: Path) -> None:
     state.pop("rng")
     snapshot.unlink()
     state.pop("format")
+    state.pop("checksum")  # sealed files came later
     torch.save({**state, "momentum": momentum, "format": 1}, out / rf.CHECKPOINT)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from pipeline.errors import FedrcError
@@ -93,4 +94,28 @@ def build_model(
         settings.validate()
     except FedrcError as e:
         raise FedrcError(f"train.{name}.{e}") from None
-    return spec.build(image_shape, num_classes, settings)
+    try:
+        model = spec.build(image_shape, num_classes, settings)
+        probe(model, image_shape)
+    except RuntimeError as e:  # a kernel larger than what is left of the image, say
+        height, width, channels = image_shape
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise FedrcError(
+            f"train.model: {name} does not fit {height}×{width} images with {channels} "
+            f"channel(s) ({reason}); choose another model or larger images"
+        ) from None
+    return model
+
+
+def probe(model: nn.Module, image_shape: tuple[int, int, int]) -> None:
+    """One forward pass of a blank image, in eval mode and without gradients, so nothing is
+    drawn from the random generator and no statistic moves; each module's mode is restored."""
+    height, width, channels = image_shape
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, channels, height, width))
+    finally:
+        for module, training in modes:
+            module.training = training
