@@ -220,8 +220,9 @@ class PartitionConfig:
             f"an integer in [1, {num_classes}] ({self.dataset} has {num_classes} classes)",
             k,
         )
+        top = num_classes if self.label_split == "cluster_n_class" else a  # used there only
         _require(
-            k <= a <= num_classes,
+            k <= a <= top,
             f"{p}.group_classes",
             f"an integer in [classes_per_client = {k}, {num_classes}]",
             a,
