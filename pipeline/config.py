@@ -68,7 +68,8 @@ class PartitionConfig:
     dataset: str = option(
         "fmnist",
         "fmnist, mnist, cifar10, cifar100, tinyimagenet, synthetic (built in), folder (your "
-        "images: --data-root TREE), or a plugin (`fedrc info`).",
+        "images: --data-root TREE), the drift streams sine, circle, sea, stagger, agrawal, "
+        "hyperplane (tabular: no feature shift), or a plugin (`fedrc info`).",
     )
     data_root: str | None = option(
         None,
@@ -153,6 +154,20 @@ class PartitionConfig:
         _require(
             len(set(self.shifts)) == len(self.shifts), f"{p}.shifts", "no repeats", self.shifts
         )
+        if spec.tabular:  # feature vectors: the image corruptions do not apply
+            _require(
+                "feature" not in self.shifts,
+                f"{p}.shifts",
+                f"label and/or concept only ({self.dataset} is tabular: no feature shift), e.g. "
+                "label,concept",
+                ",".join(self.shifts),
+            )
+            _require(
+                self.styles is None,
+                f"{p}.styles",
+                f"null ({self.dataset} is tabular: no corruptions)",
+                self.styles,
+            )
         splits = LABEL_SPLITS
         _require(
             self.label_split in splits, f"{p}.label_split", f"one of {splits}", self.label_split
