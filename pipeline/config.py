@@ -71,7 +71,8 @@ class PartitionConfig:
     dataset: str = option(
         "fmnist",
         "fmnist, mnist, cifar10, cifar100, tinyimagenet, synthetic (built in), folder (your "
-        "images: --data-root TREE), or a plugin (`fedrc info`).",
+        "images: --data-root TREE), the drift streams sine, circle, sea, stagger, agrawal, "
+        "hyperplane (tabular: no feature shift), or a plugin (`fedrc info`).",
     )
     data_root: str | None = option(
         None,
@@ -156,6 +157,20 @@ class PartitionConfig:
         _require(
             len(set(self.shifts)) == len(self.shifts), f"{p}.shifts", "no repeats", self.shifts
         )
+        if spec.tabular:  # feature vectors: the image corruptions do not apply
+            _require(
+                "feature" not in self.shifts,
+                f"{p}.shifts",
+                f"label and/or concept only ({self.dataset} is tabular: no feature shift), e.g. "
+                "label,concept",
+                ",".join(self.shifts),
+            )
+            _require(
+                self.styles is None,
+                f"{p}.styles",
+                f"null ({self.dataset} is tabular: no corruptions)",
+                self.styles,
+            )
         splits = LABEL_SPLITS
         _require(
             self.label_split in splits, f"{p}.label_split", f"one of {splits}", self.label_split
@@ -224,8 +239,9 @@ class PartitionConfig:
             f"an integer in [1, {num_classes}] ({self.dataset} has {num_classes} classes)",
             k,
         )
+        top = num_classes if self.label_split == "cluster_n_class" else a  # used there only
         _require(
-            k <= a <= num_classes,
+            k <= a <= top,
             f"{p}.group_classes",
             f"an integer in [classes_per_client = {k}, {num_classes}]",
             a,

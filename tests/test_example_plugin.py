@@ -51,18 +51,18 @@ def test_the_example_package_runs_partition_train_eval_plot(
         assert result.exit_code == 0, result.output
 
     listing = CliRunner().invoke(app, ["info"]).output
-    for name in ("flsc", "mlp", "digits"):
+    for name in ("flsc", "digits-mlp", "digits"):
         assert name in listing and "fedrc-digits" in listing
     invoke("partition", "--dataset", "digits", "--clients", "12", "--seed", "1", "--out", "d")
     manifest = json.loads(Path("d/manifest.json").read_text())
     assert manifest["dataset"] == "digits"
     invoke(
-        "train", "--data", "d", "--algorithm", "flsc", "--model", "mlp", "--set", "n=2",
+        "train", "--data", "d", "--algorithm", "flsc", "--model", "digits-mlp", "--set", "n=2",
         "--set", "hidden=32", "--clusters", "3", "--rounds", "3", "--local-epochs", "1",
         "--batch-size", "16", "--device", "cpu", "--out", "r",
     )  # fmt: skip
     config = json.loads(Path("r/config.json").read_text())
-    assert config["settings"] == {"flsc": {"n": 2}, "mlp": {"hidden": 32}}
+    assert config["settings"] == {"flsc": {"n": 2}, "digits-mlp": {"hidden": 32}}
     invoke("eval", "--run", "r")
     result = json.loads(Path("r/eval.json").read_text())
     assert result["algorithm"] == "flsc" and 0 <= result["final_global_accuracy"] <= 1

@@ -12,6 +12,7 @@ from torch import nn
 
 from pipeline.errors import FedrcError
 from pipeline.models.cnn import FmnistCNN
+from pipeline.models.mlp import MLPSettings, build_mlp
 from pipeline.plugins import Registry
 from pipeline.settings import Settings, require
 
@@ -42,8 +43,16 @@ class TorchvisionSettings(Settings):
         require(ok, "pretrained", "false with norm: group (ImageNet weights need BatchNorm)", True)
 
 
+CNN_MIN_SIDE = 16  # two 5×5 convolutions and two 2×2 poolings leave at least one pixel
+
+
 def _cnn(shape: tuple[int, int, int], num_classes: int, settings: Any) -> nn.Module:
     height, width, channels = shape
+    if min(height, width) < CNN_MIN_SIDE:
+        raise FedrcError(
+            f"train.model: cnn needs images of at least {CNN_MIN_SIDE}×{CNN_MIN_SIDE}, the "
+            f"data's are {height}×{width}; mlp takes any shape (tabular streams included)"
+        )
     return FmnistCNN(channels, height, width, num_classes)
 
 
@@ -68,6 +77,13 @@ BUILT_IN = {
         ),
         ModelSpec(
             "resnet18", "torchvision's ResNet-18", _torchvision("resnet18"), TorchvisionSettings
+        ),
+        ModelSpec(
+            "mlp",
+            "A perceptron for any input: FedDrift's fnn, one hidden layer 2× the input "
+            "(Jothimurugesan et al., AISTATS 2023); the drift streams' model",
+            build_mlp,
+            MLPSettings,
         ),
     )
 }

@@ -1,4 +1,6 @@
-"""A small multi-layer perceptron for low-resolution images (the FMNIST CNN needs ≥ 12×12)."""
+"""A small multi-layer perceptron for low-resolution images (the FMNIST CNN needs ≥ 16×16).
+
+Named `digits-mlp`: a plugin cannot take a built-in's name, and fedrc has its own `mlp`."""
 
 from __future__ import annotations
 
@@ -29,4 +31,4 @@ def build(image_shape: tuple[int, int, int], num_classes: int, settings: Any) ->
     )
 
 
-MLP = ModelSpec("mlp", "A one-hidden-layer perceptron (example plugin)", build, MLPSettings)
+MLP = ModelSpec("digits-mlp", "A one-hidden-layer perceptron (example plugin)", build, MLPSettings)

@@ -1,5 +1,5 @@
 """Datasets by name (`DATASETS`: built-in or a plugin), as uint8 image arrays (N, H, W, C) and
-int64 labels.
+int64 labels; the tabular drift streams (`streams`) store feature vectors as (1, d, 1) images.
 
 Each built-in loader reads local files first (`--data-root`, system folders) and downloads
 through torchvision only when they are missing; a failure is one FedrcError naming `--data-root`.
@@ -14,12 +14,34 @@ from pipeline.data.loaders.folder import load_folder
 from pipeline.data.loaders.idx import load_idx_dataset
 from pipeline.data.loaders.raw import RawDataset
 from pipeline.data.loaders.spec import DatasetSpec
+from pipeline.data.loaders.streams import load_stream
 from pipeline.data.loaders.synthetic import make_synthetic
 from pipeline.data.loaders.tiny_imagenet import load_tiny_imagenet
 from pipeline.errors import FedrcError
 from pipeline.plugins import Registry
 
 __all__ = ["DATASETS", "DatasetSpec", "RawDataset", "load_dataset"]
+
+FEDDRIFT = "FedDrift, Jothimurugesan et al., AISTATS 2023"
+STREAM_SUMMARIES = {  # tabular drift streams (docs/streams.md), concepts native:0, native:1, …
+    "sine": f"SINE drift stream: 2 features, 4 concepts (below sin, SINE2, flips) ({FEDDRIFT})",
+    "circle": f"CIRCLE drift stream: 2 features, 2 concepts (outside a circle) ({FEDDRIFT})",
+    "sea": "SEA drift stream: 3 features, 4 concepts (f1 + f2 > 8, 9, 7, 9.5) (Street & Kim, "
+    "KDD 2001)",
+    "stagger": "STAGGER drift stream: size, colour, shape, 3 concepts (Schlimmer & Granger, "
+    "Machine Learning 1986)",
+    "agrawal": "Agrawal drift stream: 9 loan attributes, 10 concepts (Agrawal et al., IEEE TKDE "
+    "1993)",
+    "hyperplane": "Hyperplane drift stream: 10 features, 4 concepts (w·x ≥ Σw/2) (Hulten et al., "
+    "KDD 2001)",
+}
+
+
+def _stream(name: str) -> DatasetSpec:
+    return DatasetSpec(
+        name, STREAM_SUMMARIES[name], lambda root: load_stream(name), 2, 1, tabular=True
+    )
+
 
 BUILT_IN = {
     spec.name: spec
@@ -71,6 +93,7 @@ BUILT_IN = {
             "Your images: an ImageFolder tree at --data-root (a sub-folder per class)",
             load_folder,
         ),
+        *(_stream(name) for name in STREAM_SUMMARIES),
     )
 }
 

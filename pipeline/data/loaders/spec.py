@@ -15,10 +15,12 @@ class DatasetSpec:
 
     `load(data_root)` returns the images (uint8, N × H × W × C) and labels of the train and test
     sets; `num_classes` and `channels` are None when only the files tell (then the partition
-    checks its settings against the loaded data instead of before loading)."""
+    checks its settings against the loaded data instead of before loading). A `tabular` dataset
+    stores feature vectors as (1, d, 1) images: image corruptions (feature shift) do not apply."""
 
     name: str
     summary: str
     load: Callable[[str | None], RawDataset]
     num_classes: int | None = None
     channels: int | None = None
+    tabular: bool = False
