@@ -186,7 +186,8 @@ def test_mlp_takes_any_shape_with_fedrifts_width(shape: tuple[int, int, int]) ->
 def test_cnn_on_a_stream_is_a_one_line_error(tmp_path: Path) -> None:
     partition_stage(PartitionConfig(**tiny("sine"), out=str(tmp_path / "d")))
     result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "d"), "--device", "cpu"])
-    assert_one_line_error(result, "train.model: cnn needs images of at least 16×16")
+    assert_one_line_error(result, "train.model: cnn does not fit 1×2 images")
+    assert "mlp takes any shape" in result.output
 
 
 # ---- through the CLI --------------------------------------------------------------------------

@@ -43,16 +43,8 @@ class TorchvisionSettings(Settings):
         require(ok, "pretrained", "false with norm: group (ImageNet weights need BatchNorm)", True)
 
 
-CNN_MIN_SIDE = 16  # two 5×5 convolutions and two 2×2 poolings leave at least one pixel
-
-
 def _cnn(shape: tuple[int, int, int], num_classes: int, settings: Any) -> nn.Module:
     height, width, channels = shape
-    if min(height, width) < CNN_MIN_SIDE:
-        raise FedrcError(
-            f"train.model: cnn needs images of at least {CNN_MIN_SIDE}×{CNN_MIN_SIDE}, the "
-            f"data's are {height}×{width}; mlp takes any shape (tabular streams included)"
-        )
     return FmnistCNN(channels, height, width, num_classes)
 
 
@@ -118,7 +110,7 @@ def build_model(
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise FedrcError(
             f"train.model: {name} does not fit {height}×{width} images with {channels} "
-            f"channel(s) ({reason}); choose another model or larger images"
+            f"channel(s) ({reason}); choose another model (mlp takes any shape) or larger images"
         ) from None
     return model
 
