@@ -51,8 +51,8 @@ def measure(args: argparse.Namespace, persistent: bool) -> dict:
     for client in data.participating:  # the E-step state of every client
         rows = data.train_slices[client]
         losses = per_sample_losses(logits[:, rows], data.labels[rows])
-        run.algorithm.assign(client, losses, data.labels[rows])
-        run.algorithm.assign(client, losses, data.labels[rows])  # second visit: Adam moments
+        run.algorithm.e_step(client, losses, data.labels[rows])
+        run.algorithm.e_step(client, losses, data.labels[rows])  # second visit: Adam moments
     if persistent:
         gen = torch.Generator().manual_seed(0)
         for client in data.participating:

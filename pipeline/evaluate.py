@@ -153,7 +153,7 @@ def fit_held_out(
     losses = comm.gather(held, losses, sizes, empty)
     labels = comm.gather(held, labels, sizes, torch.zeros(0, dtype=torch.int64))
     for h in held:
-        algorithm.assign_held_out(h, losses[h], labels[h])
+        algorithm.held_out_step(h, losses[h], labels[h])
 
 
 def evaluate_round(
@@ -230,7 +230,7 @@ def finetuned_logits(
             train, test = data.train_slices[client], data.test_slices[client]
             x, y = data.images[train], data.labels[train]
             raw = executor.logits(models, x)
-            gamma = scratch.assign(client, per_sample_losses(scratch.combine_logits(raw), y), y)
+            gamma = scratch.e_step(client, per_sample_losses(scratch.combine_logits(raw), y), y)
             own = models.clone()
             for task in scratch.local_tasks(client, gamma, models, raw):
                 own[task.model] = executor.train(task, x, y, seed + client).params

@@ -156,12 +156,15 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
     algorithm.begin_round(run.models)
+    wanted = algorithm.wants_statistics(sampled)
+    if wanted:
+        observe_statistics(run, wanted)
     raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
     losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
     labels = {c: data.labels[data.train_slices[c]] for c in mine}
     labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
     # Every place assigns every sampled client, in client order: the state stays identical.
-    gammas = {c: algorithm.assign(c, losses[c], labels[c]).detach() for c in sampled}
+    gammas = {c: algorithm.e_step(c, losses[c], labels[c]).detach() for c in sampled}
     loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
     comm.sum([*algorithm.contributions(), loss_sum])
     shared = algorithm.shared_rows()
@@ -172,6 +175,23 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     seen = sum(sizes.values()) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
     return {**row, **algorithm.round_info()}
+
+
+def observe_statistics(run: Run, clients: list[int]) -> None:
+    """Each client's statistic (`Algorithm.describe`), computed on the place holding its data
+    and handed to the algorithm on every place, in client order."""
+    data, algorithm = run.data, run.algorithm
+    local = {}
+    for client in clients:
+        if run.comm.owns(client):
+            rows = data.train_slices[client]
+            statistic = algorithm.describe(client, data.images[rows], data.labels[rows], run.models)
+            local[client] = statistic.detach().to("cpu", torch.float32).flatten()
+    gathered = {}
+    for part in run.comm.all_gather_object(local):
+        gathered.update(part)
+    for client in clients:
+        algorithm.observe(client, gathered[client])
 
 
 def estep_inputs(
@@ -494,6 +514,8 @@ def _train_run(
             tic = time.perf_counter()
             step = step_of(round_, per_step, steps)
             run.data = full.at_step(step)
+            if steps > 1 and (round_ == 1 or step_of(round_ - 1, per_step, steps) != step):
+                run.algorithm.begin_step(step)
             row = train_round(round_, run, cached)
             cached = None
             boundary = ends_step(round_, per_step, steps)

@@ -18,7 +18,7 @@ def make(name: str, clients: int = 3, k: int = 2, classes: int = 3, **kw):
 def test_fedem_e_step_matches_hand_computation() -> None:
     algo = make("fedem")
     losses = torch.tensor([[1.0, 2.0], [3.0, 1.0]])
-    gamma = algo.assign(0, losses, torch.tensor([0, 1]))
+    gamma = algo.e_step(0, losses, torch.tensor([0, 1]))
     # ω = (½, ½): γ_j ∝ exp(−f_j): row 0 → (e⁻¹, e⁻²)/Σ, row 1 → (e⁻³, e⁻¹)/Σ
     g0 = math.exp(-1) / (math.exp(-1) + math.exp(-2))
     g1 = math.exp(-3) / (math.exp(-3) + math.exp(-1))
@@ -28,13 +28,13 @@ def test_fedem_e_step_matches_hand_computation() -> None:
     )
     # the next E-step starts from the new ω: with equal losses, γ = ω
     omega = algo.omega[0].clone()
-    gamma2 = algo.assign(0, torch.zeros(1, 2), torch.tensor([0]))
+    gamma2 = algo.e_step(0, torch.zeros(1, 2), torch.tensor([0]))
     torch.testing.assert_close(gamma2[0].double(), omega)
 
 
 def test_e_step_is_stable_for_huge_losses() -> None:
     algo = make("fedem")
-    gamma = algo.assign(0, torch.tensor([[1000.0, 1001.0]]), torch.tensor([0]))
+    gamma = algo.e_step(0, torch.tensor([[1000.0, 1001.0]]), torch.tensor([0]))
     assert torch.isfinite(gamma).all()
     assert gamma[0, 0] == pytest.approx(1 / (1 + math.exp(-1)))
 
@@ -43,8 +43,8 @@ def test_fedrc_first_round_is_fedem_then_label_prior_with_lag() -> None:
     rc, em = make("fedrc"), make("fedem")
     losses = torch.tensor([[1.0, 1.5], [0.5, 0.2], [2.0, 0.1]])
     labels = torch.tensor([0, 0, 2])
-    gamma = rc.assign(0, losses, labels)
-    torch.testing.assert_close(gamma, em.assign(0, losses, labels))  # C uniform: no effect
+    gamma = rc.e_step(0, losses, labels)
+    torch.testing.assert_close(gamma, em.e_step(0, losses, labels))  # C uniform: no effect
     # label table S_0[k, y] = Σ_{j: y_j = y} γ_jk (raw sums)
     expected = torch.zeros(2, 3, dtype=torch.float64)
     for j, y in enumerate(labels.tolist()):
@@ -60,7 +60,7 @@ def test_fedrc_first_round_is_fedem_then_label_prior_with_lag() -> None:
 def test_fedrc_e_step_divides_by_label_prior() -> None:
     rc = make("fedrc")
     rc.prior = torch.tensor([[0.8, 0.1, 0.1], [0.2, 0.4, 0.4]], dtype=torch.float64)
-    gamma = rc.assign(1, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
+    gamma = rc.e_step(1, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
     # equal losses and ω: γ ∝ 1 / C_{y,k} = (1/0.8, 1/0.2) → (0.2, 0.8)
     torch.testing.assert_close(gamma, torch.tensor([[0.2, 0.8]]))
 
@@ -68,7 +68,7 @@ def test_fedrc_e_step_divides_by_label_prior() -> None:
 def test_fedrc_held_out_switch() -> None:
     rc = make("fedrc", heldout_label_prior=False)
     rc.prior = torch.tensor([[0.8, 0.1, 0.1], [0.2, 0.4, 0.4]], dtype=torch.float64)
-    rc.assign_held_out(2, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
+    rc.held_out_step(2, torch.tensor([[1.0, 1.0]]), torch.tensor([0]))
     torch.testing.assert_close(rc.omega[2], torch.tensor([0.5, 0.5], dtype=torch.float64))
     assert rc.tables[2].sum() == 0  # held-out clients send no label tables
 
@@ -91,7 +91,7 @@ def test_aggregation_is_sample_weighted_and_keeps_untrained_models() -> None:
 def test_fedavg_single_model_weight_one() -> None:
     algo = make("fedavg", k=3)
     assert algo.num_models == 1
-    assert algo.assign(0, torch.rand(4, 1), torch.zeros(4, dtype=torch.long)).eq(1).all()
+    assert algo.e_step(0, torch.rand(4, 1), torch.zeros(4, dtype=torch.long)).eq(1).all()
 
 
 def test_fedrc_adam_e_step_hand_computed() -> None:
@@ -99,10 +99,10 @@ def test_fedrc_adam_e_step_hand_computed() -> None:
     step = (ν/0.1) / sqrt(a/0.01) = sign(g) → γ = (½, ½) + (1, −1) → clip → (1, 0)."""
     rc = make("fedrc", estep="adam")
     labels = torch.tensor([0])
-    first = rc.assign(0, torch.zeros(1, 2), labels)  # from γ^0 = 1/K, g = 0: no move
+    first = rc.e_step(0, torch.zeros(1, 2), labels)  # from γ^0 = 1/K, g = 0: no move
     torch.testing.assert_close(first, torch.tensor([[0.5, 0.5]]))
     losses = torch.tensor([[0.0, math.log(4.0)]])  # with ω = (½, ½): γ̃ = (0.8, 0.2)
-    gamma = rc.assign(0, losses, labels)
+    gamma = rc.e_step(0, losses, labels)
     torch.testing.assert_close(gamma, torch.tensor([[1.0, 0.0]]))
     torch.testing.assert_close(rc.omega[0], torch.tensor([1.0, 0.0], dtype=torch.float64))
 
@@ -115,7 +115,7 @@ def test_fedrc_adam_first_e_step_starts_from_uniform_with_zero_moments() -> None
     rc = make("fedrc", k=3, estep="adam")
     plain = torch.tensor([[0.6, 0.3, 0.1]])
     losses = -plain.log()  # with ω = 1/K and a uniform label prior: γ̃ ∝ exp(−f) = plain
-    gamma = rc.assign(0, losses, torch.tensor([0]))
+    gamma = rc.e_step(0, losses, torch.tensor([0]))
     torch.testing.assert_close(gamma, torch.tensor([[1.0, 0.0, 0.0]]))
     g = torch.full((1, 3), 1 / 3) - plain
     torch.testing.assert_close(rc.adam[0]["m"], 0.1 * g)  # (1 − β1) g from ν = 0
@@ -124,15 +124,15 @@ def test_fedrc_adam_first_e_step_starts_from_uniform_with_zero_moments() -> None
 
 def test_adaptive_k_removes_models_below_delta() -> None:
     rc = make("fedrc", clients=2, k=3, prune_threshold=0.05)
-    rc.assign(0, torch.tensor([[0.0, 0.0, 20.0]] * 3), torch.zeros(3, dtype=torch.long))
-    rc.assign(1, torch.tensor([[0.0, 20.0, 20.0]] * 1), torch.zeros(1, dtype=torch.long))
+    rc.e_step(0, torch.tensor([[0.0, 0.0, 20.0]] * 3), torch.zeros(3, dtype=torch.long))
+    rc.e_step(1, torch.tensor([[0.0, 20.0, 20.0]] * 1), torch.zeros(1, dtype=torch.long))
     rc.end_round()  # mean γ of model 2 ≈ 0 < δ: removed; models 0 and 1 stay
     assert rc.active.tolist() == [True, True, False]
     assert rc.omega[:, 2].eq(0).all()
     torch.testing.assert_close(rc.omega.sum(1), torch.ones(2, dtype=torch.float64))
     tasks = rc.local_tasks(0, torch.ones(3, 3) / 3, torch.zeros(3, 2), torch.zeros(3, 3, 3))
     assert [t.model for t in tasks] == [0, 1]
-    gamma = rc.assign(0, torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    gamma = rc.e_step(0, torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
     assert gamma[:, 2].eq(0).all()  # log ω = −∞: a removed model gets no responsibility
 
 
@@ -143,8 +143,8 @@ def test_interchangeable_models_merge_into_the_heavier_one() -> None:
     9 nats worse on their samples and stays."""
     rc = make("fedrc", clients=2, k=3, classes=1, merge_gap=0.5)
     labels = torch.zeros(2, dtype=torch.long)
-    gamma = rc.assign(0, torch.tensor([[0.0, 0.1, 9.0]] * 2), labels)
-    rc.assign(1, torch.tensor([[9.0, 9.0, 0.0]]), labels[:1])
+    gamma = rc.e_step(0, torch.tensor([[0.0, 0.1, 9.0]] * 2), labels)
+    rc.e_step(1, torch.tensor([[9.0, 9.0, 0.0]]), labels[:1])
     g0, g1 = gamma[0, 0].item(), gamma[0, 1].item()
     assert g0 > g1 > 0.4  # both models hold client 0's samples
     cross = torch.tensor([[0.0, 0.1, 9.0]], dtype=torch.float64) * 2  # Σ_j γ_jk f_jl, γ_jk ≈ ½
@@ -161,14 +161,14 @@ def test_interchangeable_models_merge_into_the_heavier_one() -> None:
 def test_no_model_is_removed_before_prune_after() -> None:
     rc = make("fedrc", clients=1, k=3, prune_threshold=0.05, prune_after=2)
     for expected in ([True, True, True], [True, True, False]):
-        rc.assign(0, torch.tensor([[0.0, 0.0, 20.0]] * 2), torch.zeros(2, dtype=torch.long))
+        rc.e_step(0, torch.tensor([[0.0, 0.0, 20.0]] * 2), torch.zeros(2, dtype=torch.long))
         rc.end_round()  # model 2's mean γ ≈ 0 < δ from round 1, removed at round 2
         assert rc.active.tolist() == expected
 
 
 def test_trhc_trains_only_the_argmax_model_with_unit_weights() -> None:
     rc = make("fedrc", hard_train=True)
-    gamma = rc.assign(0, torch.tensor([[2.0, 0.0], [2.0, 0.0]]), torch.tensor([0, 1]))
+    gamma = rc.e_step(0, torch.tensor([[2.0, 0.0], [2.0, 0.0]]), torch.tensor([0, 1]))
     (task,) = rc.local_tasks(0, gamma, torch.zeros(2, 2), torch.zeros(2, 2, 3))
     assert task.model == 1 and task.weights.eq(1).all()
 
@@ -177,7 +177,7 @@ def test_label_table_noise_is_seeded_gaussian() -> None:
     clean, noisy = make("fedrc"), make("fedrc", table_noise=25.0)
     again = make("fedrc", table_noise=25.0)
     for algo in (clean, noisy, again):
-        algo.assign(0, torch.zeros(4, 2), torch.tensor([0, 1, 1, 2]))
+        algo.e_step(0, torch.zeros(4, 2), torch.tensor([0, 1, 1, 2]))
     diff = noisy.tables[0] - clean.tables[0]
     assert diff.abs().min() > 0 and diff.std() > 5  # ξ = 25 swamps the counts
     torch.testing.assert_close(noisy.tables, again.tables)

@@ -23,7 +23,7 @@ def run_round(algo, models, trained: dict[int, tuple[int, list[float]]], losses=
     algo.begin_round(models)
     for client, (n, params) in trained.items():
         client_losses = losses[client] if losses else torch.zeros(n, algo.num_models)
-        gamma = algo.assign(client, client_losses, torch.zeros(n, dtype=torch.long))
+        gamma = algo.e_step(client, client_losses, torch.zeros(n, dtype=torch.long))
         for task in algo.local_tasks(client, gamma, models, torch.zeros(algo.num_rows, n, 3)):
             algo.fold(client, task, result(*params))
     new = algo.aggregate(models)
@@ -44,7 +44,7 @@ def test_fedprox_pulls_towards_the_received_model_and_needs_mu_above_zero() -> N
 def test_ifca_joins_lowest_mean_loss_and_keeps_empty_clusters() -> None:
     algo = make("ifca")
     losses = torch.tensor([[0.1, 3.0], [2.0, 0.5]])  # means 1.05 and 1.75 → model 0
-    gamma = algo.assign(0, losses, torch.zeros(2, dtype=torch.long))
+    gamma = algo.e_step(0, losses, torch.zeros(2, dtype=torch.long))
     assert torch.equal(gamma, torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
     (task,) = algo.local_tasks(0, gamma, torch.zeros(2, 2), torch.zeros(2, 2, 3))
     assert task.model == 0
@@ -81,7 +81,7 @@ def test_cfl_splits_a_stationary_but_disagreeing_cluster() -> None:
     torch.testing.assert_close(new[1 - side], torch.tensor([-1.95, 0.0]))
     assert algo.pending == {4: [0, 1]}  # not sampled: joins the better half when it comes back
     losses = torch.tensor([[5.0, 0.1, 9.0]])
-    algo.assign(4, losses, torch.zeros(1, dtype=torch.long))
+    algo.e_step(4, losses, torch.zeros(1, dtype=torch.long))
     assert int(algo.cluster[4]) == 1 and 4 not in algo.pending
 
 
@@ -102,10 +102,10 @@ def test_fedsoft_importance_weights_and_aggregation() -> None:
     algo = make("fedsoft", mu=0.1)
     # 3 of 4 samples fit model 0 best, 1 fits model 1 → u = (0.75, 0.25)
     losses = torch.tensor([[0.1, 1.0], [0.2, 1.0], [0.3, 1.0], [2.0, 1.0]])
-    algo.assign(0, losses, torch.zeros(4, dtype=torch.long))
+    algo.e_step(0, losses, torch.zeros(4, dtype=torch.long))
     torch.testing.assert_close(algo.omega[0], torch.tensor([0.75, 0.25], dtype=torch.float64))
     # a model that fits nothing best still gets the floor 1e-4
-    algo.assign(1, torch.tensor([[0.1, 1.0]]), torch.zeros(1, dtype=torch.long))
+    algo.e_step(1, torch.tensor([[0.1, 1.0]]), torch.zeros(1, dtype=torch.long))
     assert algo.omega[1, 1] == pytest.approx(1e-4 / (1 + 1e-4))
     models = torch.tensor([[4.0, 0.0], [0.0, 8.0]])
     (task,) = algo.local_tasks(0, torch.zeros(4, 2), models, torch.zeros(2, 4, 3))
@@ -134,7 +134,7 @@ def test_ifca_cam_sums_logits_and_updates_clusters_with_the_global_n() -> None:
     algo.begin_round(models)
     tasks = {}
     for client, n in ((0, 10), (1, 30), (2, 60)):
-        gamma = algo.assign(client, losses[client], torch.zeros(n, dtype=torch.long))
+        gamma = algo.e_step(client, losses[client], torch.zeros(n, dtype=torch.long))
         client_raw = torch.randn(3, n, 2)
         tasks[client] = algo.local_tasks(client, gamma, models, client_raw)
         cluster_task, global_task = tasks[client]
@@ -154,7 +154,7 @@ def test_cam_warm_up_trains_only_the_global_model() -> None:
     algo = make("ifca-cam", warmup_rounds=1)
     raw = torch.randn(3, 4, 3)
     assert torch.equal(algo.combine_logits(raw)[1], raw[2])
-    gamma = algo.assign(0, torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
+    gamma = algo.e_step(0, torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
     (task,) = algo.local_tasks(0, gamma, torch.zeros(3, 2), raw)
     assert task.model == 2 and task.offset is None
     algo.end_round()
@@ -167,7 +167,7 @@ def test_fesem_cam_k_means_on_cluster_models() -> None:
     algo.begin_round(models)
     points = {0: [-5.0, 0.0], 1: [-4.0, 0.0], 2: [5.0, 5.0], 3: [6.0, 5.0]}
     for client, p in points.items():
-        gamma = algo.assign(client, torch.zeros(10, 2), torch.zeros(10, dtype=torch.long))
+        gamma = algo.e_step(client, torch.zeros(10, 2), torch.zeros(10, dtype=torch.long))
         cluster_task, global_task = algo.local_tasks(client, gamma, models, torch.zeros(3, 10, 3))
         assert cluster_task.mu == 0.1 and torch.equal(cluster_task.anchor, models[0])
         algo.fold(client, cluster_task, result(*p))

@@ -30,7 +30,7 @@ def test_flsc_clients_train_their_n_best_models_and_the_server_averages_them() -
     losses = {0: torch.tensor([[0.0, 4.0, 2.0], [2.0, 2.0, 2.0]]), 1: torch.tensor([[5.0, 1, 4]])}
     trained = {0: torch.tensor([3.0, 0.0]), 1: torch.tensor([0.0, 6.0])}
     for client, loss in losses.items():
-        gamma = algo.assign(client, loss, torch.zeros(len(loss), dtype=torch.long))
+        gamma = algo.e_step(client, loss, torch.zeros(len(loss), dtype=torch.long))
         tasks = algo.local_tasks(client, gamma, models, torch.zeros(3, len(loss), 4))
         assert [t.model for t in tasks] == ([0, 2] if client == 0 else [1, 2])
         for task in tasks:

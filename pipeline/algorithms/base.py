@@ -1,28 +1,41 @@
 """The contract every algorithm fulfils; the round loop in `pipeline.training` calls these verbs.
 
+A subclass implements `assign` and overrides only the verbs its paper changes; docs/plugins.md
+lists every verb with when it is called and what it must not do.
+
 Once: `init_state()`                the state before round 1 (ω uniform; clusters, tables …)
+At the first round of each time step of a drifting benchmark (every place):
+  `begin_step(step)`                 a detector's cue (FedDrift); the data of `step` is in use
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
+  `wants_statistics(sampled)`        the sampled clients asked for a statistic of their data
+  `describe(i, images, labels, models)`  on the place holding client i's data: the statistic
+                                     (a 1-D float tensor), e.g. PACFL's subspace bases
+  `observe(i, statistic)`            on every place, in client order: keep it
 for each sampled client i (on every place, in client order, so state stays identical):
   `assign(i, losses, labels)`        E-step / cluster assignment with the models just received →
-                                     γ (N_i, K), also updates ω_i
+                                     γ (N_i, K); the base then sets ω_i = `client_omega(i, γ)`
 for each sampled client i of this place:
   `local_tasks(i, gamma, models, raw)`  the local trainings to run (`engine.LocalTask`)
-  `fold(i, task, result)`            add one trained model to the running aggregates; the loop
-                                     drops the result right after, so a round holds one
+  `fold(i, task, result)`            add one trained model to the running aggregates
+                                     (`accumulate`); the loop drops the result right after
 then once per round:
   `contributions()`                  the running sums, which a communicator adds up over places
   `shared_rows()`                    per-client vectors a rule needs all at once (or None)
-  `aggregate(models)`                the new global models, from the combined contributions
+  `aggregate(models)`                the new global models, from the combined contributions;
+                                     it may create a model in a free row or merge two rows
   `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
-  `assign_held_out(i, losses, labels)`  a non-participating client fits its ω
+  `assign_held_out(i, losses, labels)`  a non-participating client's ω (returned)
   `predict_weights(i)`               ω_i, the client's mixture over the K predictors
   `personal_model(i)`                a client's own model, where the algorithm keeps one
 
 `models` is an (R, P) tensor of flat models; R = `num_rows` (K, or K + 1 with a global model).
+A method that creates models during a run (CFL's splits) reserves its rows up front
+(`count_models`: a cap) and keeps which are in use; `self.head` gives the final layer's place in
+a flat model, for methods that share the body and cluster the head.
 
 State: what `state_dict` returns (ω, label tables, clusters, …) is the same on every place and
 goes into checkpoints; the round's aggregates live from `begin_round` to `aggregate` only. A
@@ -55,6 +68,7 @@ class Algorithm(ABC):
     paper: ClassVar[str]  # the citation `fedrc info` shows
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
+    describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
@@ -83,8 +97,8 @@ class Algorithm(ABC):
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
-        self._sums: torch.Tensor | None = None
-        self._totals: torch.Tensor | None = None
+        self.sums: torch.Tensor | None = None  # (R, P) Σ_i w_ik θ_ik of the round (`accumulate`)
+        self.totals: torch.Tensor | None = None  # (R,) Σ_i w_ik
         self.init_state()
 
     def init_state(self) -> None:
@@ -97,16 +111,54 @@ class Algorithm(ABC):
     def num_rows(self) -> int:
         return self.num_models
 
+    # --- time steps and client statistics -------------------------------------------------
+    def begin_step(self, step: int) -> None:  # noqa: B027 (a hook: most algorithms need none)
+        """A drifting benchmark's step `step` starts (called before its first round's
+        `begin_round`, on every place; never on a static benchmark)."""
+
+    def wants_statistics(self, sampled: list[int]) -> list[int]:
+        """The sampled clients whose data statistic this round needs (default: none)."""
+        return []
+
+    def describe(
+        self, client: int, images: torch.Tensor, labels: torch.Tensor, models: torch.Tensor
+    ) -> torch.Tensor:
+        """The statistic client `client` sends up: a 1-D float tensor of a length fixed by
+        the algorithm, computed where its data lives from its images (N_i, C, H, W), its
+        labels and the models it received. It must not touch the algorithm's state."""
+        raise NotImplementedError(f"{self.name} asks for statistics but has no describe")
+
+    def observe(self, client: int, statistic: torch.Tensor) -> None:  # noqa: B027 (a hook)
+        """Keep a client's statistic (every place, in client order, before `assign`)."""
+
     # --- E-step ---------------------------------------------------------------------------
     @abstractmethod
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """γ (N_i, K) for a sampled client from its per-sample losses under the K models
-        (`combine_logits` applied); update ω_i and any per-client statistics here."""
+        (`combine_logits` applied); update any per-client statistics here. Call it through
+        `e_step`, which also sets ω_i."""
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        """Hard-clustering default (protocol §2): the model with the lowest loss on the E-step
-        part."""
-        self.omega[client] = one_hot(int(losses.mean(0).argmin()), self.num_models)
+    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
+        """ω_i after the E-step: the mean responsibility (1/N_i) Σ_j γ_{ij} (FedEM's update;
+        one-hot for a hard assignment)."""
+        return gamma.mean(0).to("cpu", torch.float64)
+
+    def e_step(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client."""
+        gamma = self.assign(client, losses, labels)
+        self.omega[client] = self.client_omega(client, gamma)
+        return gamma
+
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """A non-participating client's ω from its labelled part. Hard-clustering default
+        (protocol §2): the model with the lowest loss."""
+        return one_hot(int(losses.mean(0).argmin()), self.num_models)
+
+    def held_out_step(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
+        """ω_i ← `assign_held_out`: what evaluation calls for a non-participating client."""
+        self.omega[client] = self.assign_held_out(client, losses, labels)
 
     # --- local training -------------------------------------------------------------------
     def local_tasks(
@@ -118,19 +170,23 @@ class Algorithm(ABC):
 
     # --- aggregation ----------------------------------------------------------------------
     def begin_round(self, models: torch.Tensor) -> None:
-        self._sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
-        self._totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
+        self.sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
+        self.totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
+
+    def accumulate(self, row: int, vector: torch.Tensor, weight: float) -> None:
+        """sums[row] += weight · vector, totals[row] += weight. `add_` with `alpha` multiplies
+        and adds in the sums' float64 in one pass: half the time of `+= w * θ`, which makes a
+        float32 product first (3,000 folds a round at 1,000 clients, benchmarks/scale.py)."""
+        self.sums[row].add_(vector, alpha=weight)
+        self.totals[row] += weight
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        """Σ_i w_ik θ_ik and Σ_i w_ik per row k. `add_` with `alpha` multiplies and adds in the
-        sums' float64 in one pass: half the time of `+= w * θ`, which makes a float32 product
-        first (3,000 folds a round at 1,000 clients, benchmarks/scale.py)."""
-        self._sums[task.model].add_(result.params, alpha=task.weight)
-        self._totals[task.model] += task.weight
+        """Σ_i w_ik θ_ik and Σ_i w_ik per row k."""
+        self.accumulate(task.model, result.params, task.weight)
 
     def contributions(self) -> list[torch.Tensor]:
         """The round's running sums, added up over places (in place) before `aggregate`."""
-        return [self._sums, self._totals]
+        return [self.sums, self.totals]
 
     def shared_rows(self) -> RowStore | None:
         """Per-client vectors every place needs before `aggregate` (None: nothing to share).
@@ -139,9 +195,9 @@ class Algorithm(ABC):
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         """θ_k ← θ_k + η_g (Σ_i w_ik θ_ik / Σ_i w_ik − θ_k); a model nobody trained is kept."""
-        trained = self._totals > 0
+        trained = self.totals > 0
         new = models.clone()
-        average = (self._sums[trained] / self._totals[trained, None]).to(models.dtype)
+        average = (self.sums[trained] / self.totals[trained, None]).to(models.dtype)
         new[trained] = models[trained] + self.config.server_lr * (average - models[trained])
         return new
 

@@ -85,8 +85,11 @@ class IFCACAM(Algorithm):
             return torch.ones_like(losses) / self.num_models
         k = self.choose(client, losses)
         self.cluster[client] = k
-        self.omega[client] = one_hot(k, self.num_models)
         return hard_gamma(losses, k)
+
+    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
+        """While warming up ω keeps its value (Θ_g alone predicts); then one-hot."""
+        return self.omega[client] if self.warming_up else super().client_omega(client, gamma)
 
     def cluster_task(self, k: int, models: torch.Tensor, raw: torch.Tensor, ones, n) -> LocalTask:
         return LocalTask(k, models[k], ones, weight=n, offset=raw[self.num_models])
@@ -121,13 +124,15 @@ class IFCACAM(Algorithm):
         if self.warming_up:
             return new
         g, n = self.num_models, float(self._samples)
-        share = self._totals[:g] / n  # Σ_{i∈C_k} n_i / n
-        cluster = (1 - share)[:, None] * models[:g].double() + self._sums[:g] / n
+        share = self.totals[:g] / n  # Σ_{i∈C_k} n_i / n
+        cluster = (1 - share)[:, None] * models[:g].double() + self.sums[:g] / n
         new[:g] = cluster.to(models.dtype)
         return new
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        self.omega[client] = one_hot(int(losses.mean(0).argmin()), self.num_models)
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return one_hot(int(losses.mean(0).argmin()), self.num_models)
 
     def end_round(self) -> None:
         self.round += 1

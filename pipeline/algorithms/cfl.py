@@ -109,13 +109,12 @@ class CFL(HardClustering):
         if client in self.pending:
             halves = self.pending.pop(client)
             self.cluster[client] = halves[int(losses[:, halves].mean(0).argmin())]
-        k = int(self.cluster[client])
-        self.omega[client] = one_hot(k, self.num_models)
-        return hard_gamma(losses, k)
+        return hard_gamma(losses, int(self.cluster[client]))
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        k = int(losses[:, : self.clusters].mean(0).argmin())
-        self.omega[client] = one_hot(k, self.num_models)
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return one_hot(int(losses[:, : self.clusters].mean(0).argmin()), self.num_models)
 
     @property
     def can_split(self) -> bool:
@@ -132,8 +131,7 @@ class CFL(HardClustering):
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         update = result.params - self._start[task.model]
-        self._sums[task.model].add_(update, alpha=task.weight)
-        self._totals[task.model] += task.weight
+        self.accumulate(task.model, update, task.weight)
         self._member[client] = task.model + 1
         self._weight[client] = task.weight
         self._norm[client] = float(update.norm())
@@ -152,7 +150,7 @@ class CFL(HardClustering):
             members = (self._member == c + 1).nonzero().flatten().tolist()
             if not members:
                 continue  # no sampled member: the cluster keeps its model
-            mean = (self._sums[c] / self._totals[c]).cpu()
+            mean = (self.sums[c] / self.totals[c]).cpu()
             if len(members) > 2 and self.can_split and self.should_split(mean, members):
                 halves = bipartition(gram_matrix(self._updates, members))
                 moving = [m for m, h in zip(members, halves) if h == 1]

@@ -22,5 +22,8 @@ class FedAvg(Algorithm):
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(losses)
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
         """A held-out client simply uses the one global model (ω = 1)."""
+        return torch.ones(1, dtype=torch.float64)

@@ -30,11 +30,11 @@ class FedEM(Algorithm):
         return torch.softmax(logits, dim=1)
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        gamma = self.responsibilities(client, losses, labels)
-        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)
-        return gamma
+        return self.responsibilities(client, losses, labels)
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
         """One E-step on the client's labelled part; ω carries over between evaluations."""
         gamma = self.responsibilities(client, losses, labels, held_out=True)
-        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)
+        return self.client_omega(client, gamma)

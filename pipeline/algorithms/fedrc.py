@@ -129,7 +129,6 @@ class FedRC(FedEM):
         gamma = self.responsibilities(client, losses, labels)
         if self.settings.estep == "adam":
             gamma = self.adam_step(client, gamma)
-        self.omega[client] = gamma.mean(0).to("cpu", self.omega.dtype)
         self.sizes[client] = float(labels.numel())
         table = torch.zeros(self.num_classes, self.num_models, dtype=torch.float64)
         table.index_add_(0, labels.cpu(), gamma.detach().cpu().to(torch.float64))

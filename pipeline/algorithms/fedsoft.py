@@ -44,13 +44,18 @@ class FedSoft(Algorithm):
     def init_state(self) -> None:
         super().init_state()
         self.personal: dict[int, torch.Tensor] = {}
+        self._u: torch.Tensor | None = None  # u_i of the client just assigned (`client_omega`)
         self._trained: RowStore | None = None
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         best = torch.bincount(losses.argmin(1), minlength=self.num_models).double()
         u = (best / losses.shape[0]).clamp(min=FLOOR).cpu()
-        self.omega[client] = u / u.sum()
-        return self.omega[client].to(losses).expand_as(losses)
+        self._u = u / u.sum()
+        return self._u.to(losses).expand_as(losses)
+
+    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
+        """ω_i = u_i in float64 (γ holds it in the losses' float32)."""
+        return self._u
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
@@ -67,10 +72,10 @@ class FedSoft(Algorithm):
         self._trained = RowStore(models.shape[1])
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        u = self.omega[client].to(self._sums)
+        u = self.omega[client].to(self.sums)
         self._trained.add(client, result.params)
-        self._sums += u[:, None] * result.params.double()[None]
-        self._totals += u
+        self.sums += u[:, None] * result.params.double()[None]
+        self.totals += u
 
     def shared_rows(self) -> RowStore:
         return self._trained

@@ -31,9 +31,7 @@ class FeSEM(HardClustering):
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.cluster[client] < 0:
             self.cluster[client] = int(losses.mean(0).argmin())
-        k = int(self.cluster[client])
-        self.omega[client] = one_hot(k, self.num_models)
-        return hard_gamma(losses, k)
+        return hard_gamma(losses, int(self.cluster[client]))
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
@@ -44,8 +42,8 @@ class FeSEM(HardClustering):
         distances = torch.cdist(result.params[None].double(), self._centres.double())[0]
         k = int(distances.argmin())
         self._moved[client] = k + 1
-        self._sums[k] += task.weight * result.params
-        self._totals[k] += task.weight
+        self.sums[k] += task.weight * result.params
+        self.totals[k] += task.weight
 
     def contributions(self) -> list[torch.Tensor]:
         return [*super().contributions(), self._moved]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma
 
 
 class IFCA(HardClustering):
@@ -18,6 +18,4 @@ class IFCA(HardClustering):
     paper = "Ghosh et al., NeurIPS 2020"
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        k = int(losses.mean(0).argmin())
-        self.omega[client] = one_hot(k, self.num_models)
-        return hard_gamma(losses, k)
+        return hard_gamma(losses, int(losses.mean(0).argmin()))

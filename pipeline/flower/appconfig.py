@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.algorithms import ALGORITHMS
 from pipeline.config import TrainConfig, config_dict
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_file
@@ -43,6 +44,11 @@ def check_config(config: TrainConfig) -> None:
         raise FedrcError(
             "persistent_momentum: not available on Flower (each client's momentum would have "
             "to stay on its node); set train.persistent_momentum: false"
+        )
+    if ALGORITHMS.get(config.algorithm).describes:
+        raise FedrcError(
+            f"train.algorithm: {config.algorithm} asks clients for a statistic of their data, "
+            "which the nodes do not compute yet; run it with fedrc train or torchrun"
         )
 
 

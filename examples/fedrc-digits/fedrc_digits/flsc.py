@@ -39,7 +39,6 @@ class FLSC(Algorithm):
         chosen = losses.mean(0).topk(n, largest=False).indices.cpu()
         omega = torch.zeros(self.num_models, dtype=torch.float64)
         omega[chosen] = 1.0 / n
-        self.omega[client] = omega
         return omega
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -47,8 +46,15 @@ class FLSC(Algorithm):
         chosen = self.choose(client, losses) > 0
         return chosen.to(losses).expand_as(losses).clone()
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        self.choose(client, losses)
+    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
+        """1/n on each chosen model (γ's columns are 1 there, 0 elsewhere)."""
+        chosen = gamma[0].to("cpu", torch.float64)
+        return chosen / chosen.sum()
+
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return self.choose(client, losses)
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
