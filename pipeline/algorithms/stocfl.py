@@ -203,12 +203,12 @@ class StoCFL(Algorithm):
         larger, smaller = (
             (b, a) if (self.cluster == a).sum() < (self.cluster == b).sum() else (a, b)
         )
-        kept = self.row[larger] if self.row[larger] >= 0 else self.row[smaller]
+        kept = int(self.row[larger] if self.row[larger] >= 0 else self.row[smaller])
         members = self.cluster == b
         self.cluster[members] = a
         self.row[b], self.row[a] = -1, kept
         if kept >= 0:
-            self.omega[self.cluster == a] = one_hot(int(kept), self.num_models)
+            self.omega[self.cluster == a] = one_hot(kept, self.num_models)
 
     def round_info(self) -> dict[str, Any]:
         seen = {int(self.cluster[i]) for i in self.psi}
