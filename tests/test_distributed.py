@@ -36,6 +36,7 @@ BASE = dict(
 CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
+    "stocfl": {"stocfl": {"tau": 0.1}},  # ψ rows shared; merges in round 1
 }  # FedRC: test_resume_distributed_run
 
 
