@@ -43,7 +43,7 @@ def run_round(algo, models, returns, sizes=None, losses=None):
     for client in returns:
         n = (sizes or {}).get(client, 4)
         client_losses = (losses or {}).get(client, torch.zeros(n, algo.num_models))
-        gamma = algo.assign(client, client_losses, torch.zeros(n, dtype=torch.long))
+        gamma = algo.e_step(client, client_losses, torch.zeros(n, dtype=torch.long))
         tasks[client] = algo.local_tasks(client, gamma, models, torch.zeros(algo.num_rows, n, 3))
         for task in tasks[client]:
             params = torch.tensor(returns[client][task.model], dtype=torch.float64)
@@ -134,10 +134,10 @@ def test_over_the_cap_a_cluster_trains_the_global_model_only() -> None:
 def test_held_out_clients_take_the_held_model_with_the_lowest_loss() -> None:
     algo = make(k=3)
     losses = torch.tensor([[0.1, 2.0, 1.0], [0.3, 2.0, 1.0]])  # row 0 fits best, but holds nothing
-    algo.assign_held_out(4, losses, torch.zeros(2, dtype=torch.long))
+    algo.held_out_step(4, losses, torch.zeros(2, dtype=torch.long))
     assert algo.omega[4].tolist() == pytest.approx([1 / 3] * 3)  # no model held yet: uniform
     algo.row[1], algo.row[2] = 1, 2
-    algo.assign_held_out(4, losses, torch.zeros(2, dtype=torch.long))
+    algo.held_out_step(4, losses, torch.zeros(2, dtype=torch.long))
     assert algo.omega[4].tolist() == [0.0, 0.0, 1.0]
 
 

@@ -78,6 +78,7 @@ class StoCFL(Algorithm):
         self.started = False  # θ_g has been aggregated once (before that it is θ_a)
         self._sampled: list[int] = []
         self._fresh: set[int] = set()  # rows given to a cluster this round: they start at θ_g
+        self._omega: torch.Tensor | None = None  # ω of the client just assigned (`client_omega`)
         self._observed: RowStore | None = None
 
     @property
@@ -98,12 +99,12 @@ class StoCFL(Algorithm):
     def held_rows(self) -> list[int]:
         return sorted(int(k) for k in self.row[self.row >= 0])
 
-    def lowest_loss(self, client: int, losses: torch.Tensor) -> None:
-        """ω_i one-hot on the held model with the lowest mean loss (uniform while none is)."""
+    def lowest_loss(self, client: int, losses: torch.Tensor) -> torch.Tensor:
+        """ω_i one-hot on the held model with the lowest mean loss (unchanged while none is)."""
         held = self.held_rows()
-        if held:
-            k = held[int(losses[:, held].mean(0).argmin())]
-            self.omega[client] = one_hot(k, self.num_models)
+        if not held:
+            return self.omega[client]
+        return one_hot(held[int(losses[:, held].mean(0).argmin())], self.num_models)
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self._sampled.append(client)
@@ -114,13 +115,18 @@ class StoCFL(Algorithm):
                 self.row[c] = free[0]
                 self._fresh.add(free[0])
         if self.row[c] >= 0:
-            self.omega[client] = one_hot(int(self.row[c]), self.num_models)
+            self._omega = one_hot(int(self.row[c]), self.num_models)
         else:
-            self.lowest_loss(client, losses)
-        return self.omega[client].to(losses).expand_as(losses).clone()
+            self._omega = self.lowest_loss(client, losses)
+        return self._omega.to(losses).expand_as(losses).clone()
 
-    def assign_held_out(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
-        self.lowest_loss(client, losses)
+    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
+        return self._omega  # as chosen, in float64 (γ holds it in the losses' float32)
+
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return self.lowest_loss(client, losses)
 
     def global_start(self, models: torch.Tensor) -> torch.Tensor:
         return models[self.global_row] if self.started else models[self.anchor_row]
