@@ -15,12 +15,13 @@ from pipeline.algorithms.fedrc import FedRC
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
 from pipeline.algorithms.ifca import IFCA
+from pipeline.algorithms.pacfl import PACFL
 from pipeline.config import TrainConfig
 from pipeline.plugins import Registry
 
 BUILT_IN: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM)
+    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM, PACFL)
 }
 
 
