@@ -36,6 +36,7 @@ BASE = dict(
 CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
+    "pacfl": {},  # signatures computed on the rank holding the client, newcomers in rounds 2–3
 }  # FedRC: test_resume_distributed_run
 
 
