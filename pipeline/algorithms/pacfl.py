@@ -45,9 +45,9 @@ ANGLES = ("elementwise", "principal")
 
 @dataclass(frozen=True)
 class PACFLSettings(Settings):
-    """The authors' defaults: n_basis 5 (their scripts: 3), average linkage; β is tuned per
-    dataset (3.5 by default, 4.9 in their CIFAR-10 script, 9.88 CIFAR-100, 42 MIX-4); 20° splits
-    fedrc's FMNIST benchmark by label mix and corruption (docs/protocol.md §7)."""
+    """The authors' defaults: n_basis 5 (their scripts: 3), average linkage, elementwise angle.
+    β is tuned per dataset (theirs: 3.5 by default, 4.9 for CIFAR-10, 9.88 CIFAR-100, 42 MIX-4);
+    20° is fedrc's, for its FMNIST benchmark (docs/protocol.md §7)."""
 
     n_basis: int = 5  # p, left singular vectors per class
     cluster_alpha: float = 20.0  # β: merge while the closest clusters are ≤ β degrees apart
