@@ -37,6 +37,7 @@ CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
     "stocfl": {"stocfl": {"tau": 0.1}},  # ψ rows shared; merges in round 1
+    "pacfl": {},  # signatures computed on the rank holding the client, newcomers in rounds 2–3
 }  # FedRC: test_resume_distributed_run
 
 

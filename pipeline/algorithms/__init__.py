@@ -15,13 +15,19 @@ from pipeline.algorithms.fedrc import FedRC
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
 from pipeline.algorithms.ifca import IFCA
+from pipeline.algorithms.pacfl import PACFL
 from pipeline.algorithms.stocfl import StoCFL
 from pipeline.config import TrainConfig
 from pipeline.plugins import Registry
 
 BUILT_IN: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM, StoCFL)
+    for cls in (
+        *(FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM),
+        # the clustered-FL methods of 2023-2025
+        PACFL,
+        StoCFL,
+    )
 }
 
 

@@ -276,6 +276,18 @@ def test_persistent_momentum_is_refused(tiny_data: Path, tmp_path: Path) -> None
         serve(grid_for(tiny_data, config), config, FAST, False, False)
 
 
+def test_an_algorithm_asking_for_statistics_is_refused_in_one_line(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """PACFL's clients send subspace signatures (`describe`), which the nodes do not compute."""
+    config = flower_config(tiny_data, "pacfl", tmp_path / "run")
+    with pytest.raises(
+        FedrcError, match=r"^train\.algorithm: pacfl asks clients for a statistic [^\n]*$"
+    ):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_diverged_training_is_the_loops_line_naming_its_client(
     tiny_data: Path, tmp_path: Path
 ) -> None:
