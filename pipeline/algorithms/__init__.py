@@ -8,6 +8,7 @@ from typing import Any
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL
+from pipeline.algorithms.cflgp import CFLGP
 from pipeline.algorithms.fedavg import FedAvg
 from pipeline.algorithms.fedem import FedEM
 from pipeline.algorithms.fedprox import FedProx
@@ -20,7 +21,7 @@ from pipeline.plugins import Registry
 
 BUILT_IN: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM)
+    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM, CFLGP)
 }
 
 
