@@ -8,14 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_behaviour import THIRDS, concept_data, purity_by_round, train  # noqa: F401
+from test_behaviour import concept_data, purity_by_round, train  # noqa: F401 (a fixture)
+from test_drift import DRIFTING, TRAIN
 
+from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.cflgp import match_labels
+from pipeline.config import PartitionConfig
+from pipeline.data.shards import load_federated
+from pipeline.drift_scores import omega_at
 from pipeline.engine import LocalResult
 from pipeline.errors import FedrcError
 from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, read_metrics
+from pipeline.stages import partition_stage, train_stage
 
 
 def make(clients: int = 5, k: int = 2, **kw):
@@ -120,3 +125,37 @@ def test_unprofiled_clients_take_the_lowest_loss_and_labels_are_matched() -> Non
 def test_bad_settings_name_the_option(values: dict, key: str) -> None:
     with pytest.raises(FedrcError, match=rf"^train\.cfl-gp\.{key}: expected"):
         make_config(algorithm="cfl-gp", **values)
+
+
+def test_each_concept_gets_its_own_cluster_from_the_first_round(
+    concept_data: Path,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """Three concepts, twelve clients: the updates at the common model 0 already differ by
+    concept, so the first clustering round separates them, and the later ones keep it."""
+    run = train(concept_data, tmp_path / "cflgp", rounds=6, algorithm="cfl-gp", clusters=3)
+    assert min(purity_by_round(run)) >= 0.9
+    rows = rf.read_metrics(run / rf.METRICS)
+    assert [r["clustered"] for r in rows] == [True, False] * 3  # rounds t = 0, 2, 4 of P = 2
+    assert rows[-1]["global_accuracy"] >= 0.8
+
+
+def test_clusters_do_not_follow_a_concept_drift(tmp_path: Path) -> None:
+    """What it cannot do: the clustering is static. Two concepts, a quarter of the clients flip
+    at steps 1 (round 6) and 2 (round 11). One cluster per concept at the end of step 0; the
+    profile is a running average dominated by the large early updates, and clustering stops at
+    round T = 10, so every client stays where it was and the clients that flipped share their
+    cluster with the other concept (FedRC moves them: test_drift)."""
+    data = tmp_path / "data"
+    partition_stage(PartitionConfig(**DRIFTING, out=str(data)))
+    schedule = np.asarray(load_federated(data).manifest.schedule)
+    config = make_config(data=str(data), algorithm="cfl-gp", out=str(tmp_path / "r"), **TRAIN)
+    run = train_stage(config)
+    assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+    first, last = (omega_at(assignments, r)[0][:12].argmax(1) for r in (5, 15))
+    assert len(set(zip(schedule[0], first))) == 2  # one cluster per concept
+    assert (first == last).all()
+    moved = schedule[2] != schedule[0]
+    assert moved.any() and len(set(zip(schedule[2], last))) == 4  # concepts now share clusters
+    rows = rf.read_metrics(run / rf.METRICS)
+    assert not any(r["clustered"] for r in rows[10:])
