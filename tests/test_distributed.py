@@ -36,6 +36,7 @@ BASE = dict(
 CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
+    "cfl-gp": {},  # clusters in rounds 1 and 3; round 3 adds the criterion model's trainings
 }  # FedRC: test_resume_distributed_run
 
 
