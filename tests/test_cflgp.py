@@ -1,4 +1,4 @@
-"""CFL-GP (protocol §2, CFL-GP): the profile matrix, its clustering, and the model update on a
+"""CFL-GP (protocol §7): the profile matrix, its clustering, and the model update on a
 tiny hand-checked case; what it separates on the synthetic benchmark, and what it cannot."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ agrees most with the previous assignment. Every round each cluster takes the N_i
 of its members' updates: θ_k ← θ_k + η_g Σ_i N_i Δθ_i / Σ_i N_i; a cluster without a sampled
 member keeps its model.
 
-What fedrc chooses (protocol §2, CFL-GP):
+What fedrc chooses (protocol §7):
 - g_i is the update after fedrc's local epochs (the authors' "model_averaging" protocol), not
   one mini-batch gradient (their default "gradient_averaging"): `LocalTask` trains epochs.
 - G keeps a seeded random subset of the coordinates (`profile_fraction`, default 1% as the
@@ -34,6 +34,9 @@ What fedrc chooses (protocol §2, CFL-GP):
   clustering, which applies updates computed at one model to another).
 - Held-out clients take the model with the lowest loss on their labelled part (the paper has no
   rule).
+- The criterion-model trainings are local trainings like any other to the round loop: their
+  loss counts in the round's train loss, and with `persistent_momentum` they carry the client's
+  momentum for that model.
 """
 
 from __future__ import annotations
