@@ -8,6 +8,7 @@ from typing import Any
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL
+from pipeline.algorithms.cflgp import CFLGP
 from pipeline.algorithms.fedavg import FedAvg
 from pipeline.algorithms.fedem import FedEM
 from pipeline.algorithms.fedprox import FedProx
@@ -26,6 +27,7 @@ BUILT_IN: dict[str, type[Algorithm]] = {
         *(FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM),
         # the clustered-FL methods of 2023-2025
         PACFL,
+        CFLGP,
         StoCFL,
     )
 }

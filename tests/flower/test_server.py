@@ -36,10 +36,10 @@ def grid_for(data: Path, config, nodes: int = 3) -> LocalGrid:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "stocfl"]
+    "algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "stocfl", "cfl-gp"]
 )
 def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_path: Path) -> None:
-    """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting) and
+    """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting, CFL-GP) and
     additive models (FeSEM-CAM): each through 3 nodes holding 5 clients each."""
     expected = reference(flower_config(tiny_data, algorithm, tmp_path / "single"))
     config = flower_config(tiny_data, algorithm, tmp_path / "flower")
