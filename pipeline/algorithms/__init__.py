@@ -9,6 +9,7 @@ from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL
 from pipeline.algorithms.fedavg import FedAvg
+from pipeline.algorithms.feddrift import FedDrift, FedDriftEager
 from pipeline.algorithms.fedem import FedEM
 from pipeline.algorithms.fedprox import FedProx
 from pipeline.algorithms.fedrc import FedRC
@@ -20,7 +21,20 @@ from pipeline.plugins import Registry
 
 BUILT_IN: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM)
+    for cls in (
+        FedAvg,
+        FedProx,
+        IFCA,
+        CFL,
+        FeSEM,
+        FedEM,
+        FedSoft,
+        FedRC,
+        IFCACAM,
+        FeSEMCAM,
+        FedDrift,
+        FedDriftEager,
+    )
 }
 
 
