@@ -36,6 +36,7 @@ BASE = dict(
 CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
+    "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
 }  # FedRC: test_resume_distributed_run
 
 

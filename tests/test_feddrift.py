@@ -26,10 +26,17 @@ def make(name: str = "feddrift", clients: int = 4, k: int = 3, **kw):
     return build_algorithm(make_config(algorithm=name, clusters=k, **kw), clients, 3)
 
 
-def step(algo, t: int, models: torch.Tensor, clients: dict[int, tuple[list[float], list[float]]]):
-    """One round at the start of step t: client i's per-sample losses are `losses` under every
-    row (the same for its N samples) and its one task returns `params`. → (new models, tasks)."""
-    algo.begin_step(t)
+def step(
+    algo,
+    t: int | None,
+    models: torch.Tensor,
+    clients: dict[int, tuple[list[float], list[float]]],
+):
+    """One round, the first of step t (None: a later round of the step): client i's per-sample
+    losses are `losses` under every row (the same for its N samples) and its one task returns
+    `params`. → (new models, tasks)."""
+    if t is not None:
+        algo.begin_step(t)
     algo.begin_round(models)
     tasks = {}
     for client, (losses, params) in clients.items():
@@ -76,7 +83,8 @@ def test_merge_folds_rows_closer_than_delta_prime_by_their_chunk_counts() -> Non
     cluster 0 (clients 0, 1) (0.5, 0.6, 3.0), cluster 1 (client 2) (0.45, 0.3, 3.0), cluster 2
     (client 3) (3.0, 3.0, 0.2): D(0,1) = max(0.6 − 0.5, 0.45 − 0.3, 0) = 0.15 ≤ δ′ = 0.2, D(0,2)
     = D(1,2) = 2.8. Chunks: row 0 4 + 2 + 2 = 8, row 1 1 + 1 = 2: p = 0.8, so row 0 becomes
-    0.8 (2, 2) + 0.2 (7, 7) = (3, 3), its average (1 + 3)/2 with row 1's trained (7, 7)."""
+    0.8 (2, 2) + 0.2 (7, 7) = (3, 3), its average (1 + 3)/2 with row 1's trained (7, 7). The
+    merge waits for the round in which the last client (3) checks in."""
     algo = make()
     models = torch.zeros(3, 2)
     same = ([1.0, 1.0, 1.0], [0.0, 0.0])
@@ -87,11 +95,13 @@ def test_merge_folds_rows_closer_than_delta_prime_by_their_chunk_counts() -> Non
         {0: stay, 1: stay, 2: ([1.5, 9.0, 9.0], [0.0, 0.0]), 3: ([2.0, 9.0, 9.0], [0.0, 0.0])},
     )  # fmt: skip
     assert algo.cluster.tolist() == [0, 0, 1, 2] and algo.chunks.tolist() == [6.0, 1.0, 1.0]
-    new, _ = step(
+    models, _ = step(
         algo, 2, models,
         {0: ([0.4, 0.5, 3.0], [1.0, 1.0]), 1: ([0.6, 0.7, 3.0], [3.0, 3.0]),
-         2: ([0.45, 0.3, 3.0], [7.0, 7.0]), 3: ([3.0, 3.0, 0.2], [5.0, -5.0])},
+         2: ([0.45, 0.3, 3.0], [7.0, 7.0])},
     )  # fmt: skip
+    assert algo.round_info() == {"active_models": 3}  # client 3 has not checked in yet
+    new, _ = step(algo, None, models, {3: ([3.0, 3.0, 0.2], [5.0, -5.0])})
     torch.testing.assert_close(new[[0, 2]], torch.tensor([[3.0, 3.0], [5.0, -5.0]]))
     assert algo.cluster.tolist() == [0, 0, 0, 2]
     torch.testing.assert_close(algo.omega[2], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
@@ -100,9 +110,10 @@ def test_merge_folds_rows_closer_than_delta_prime_by_their_chunk_counts() -> Non
     # a smaller δ′ keeps them apart
     algo = make(delta_merge=0.1)
     step(algo, 0, models, dict.fromkeys(range(4), same))
-    step(algo, 1, models, {0: stay, 1: stay, 2: ([1.5, 9.0, 9.0], [0.0, 0.0])})
+    step(algo, 1, models, {0: stay, 1: stay, 2: ([1.5, 9.0, 9.0], [0.0, 0.0]), 3: stay})
     near = ([0.5, 0.6, 3.0], [0.0, 0.0])  # D(0, 1) = 0.15 > 0.1
-    step(algo, 2, models, {0: near, 1: near, 2: ([0.45, 0.3, 3.0], [0.0, 0.0])})
+    step(algo, 2, models, {0: near, 1: near, 2: ([0.45, 0.3, 3.0], [0.0, 0.0]), 3: near})
+    assert not algo.merge_due  # it was tried
     assert algo.round_info() == {"active_models": 2} and int(algo.cluster[2]) == 1
 
 
@@ -254,3 +265,16 @@ def test_eager_puts_the_switched_clients_on_one_new_model(swap_drift: Path, tmp_
     for t in (2, 3):
         assert (rows[t][~switched] == 0).all() and set(rows[t][switched].tolist()) == {1}
     assert active == [1] * 6 + [2] * 6
+
+
+def test_torchrun_equals_one_process(swap_drift: Path, tmp_path: Path) -> None:
+    """Detection, the new rows' copies and the merge happen alike on every rank (half the
+    clients a round, so some check in at a later round of a step)."""
+    from test_distributed import BASE, assert_same_run, single, torchrun
+
+    values = {**BASE, "algorithm": "feddrift", "rounds": 12, "clusters": 5, "eval_every": 3}
+    expected = single(swap_drift, tmp_path / "single", values)
+    torchrun(tmp_path, swap_drift, tmp_path / "two", values)
+    assert_same_run(expected, tmp_path / "two", exact=False)
+    active = [r["active_models"] for r in rf.read_metrics(expected / rf.METRICS)]
+    assert max(active) > active[-1] > 1  # new models opened, and some merged

@@ -102,7 +102,10 @@ class FedDrift(HardClustering):
         self.chunks = torch.zeros(k, dtype=torch.float64)  # n_k: (client, step) chunks
         self.last_used = torch.full((k,), -1, dtype=torch.long)  # the last step with a member
         self.step = 0
-        self.merge_due = False  # set at a step's start, done at its first round's aggregate
+        # set at a step's start; merging waits for the round by which every client seen before
+        # has checked in (the step's first round when all take part), or the step's last round
+        self.merge_due = False
+        self.round_in_step = 0
         self.copies: dict[int, int] = {}  # new row → the row it starts from (this round)
         self.table = torch.zeros(k, k, dtype=torch.float64)  # Σ losses of row b on cluster a
         self.mass = torch.zeros(k, dtype=torch.float64)  # samples of cluster a in the table
@@ -117,11 +120,13 @@ class FedDrift(HardClustering):
         self.step = step
         self.release[(self.release >= 0) & (self.release <= step)] = -1  # the window ends
         self.merge_due = step > 0
+        self.round_in_step = 0
+        self.table.zero_()
+        self.mass.zero_()
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self.table.zero_()
-        self.mass.zero_()
+        self.round_in_step += 1
 
     def isolated(self) -> torch.Tensor:
         """(K,) the rows of clients still in their isolation window."""
@@ -229,7 +234,9 @@ class FedDrift(HardClustering):
             base[row] = models[source]  # the new row's round starts from θ_source
         self.copies = {}
         new = super().aggregate(base)
-        if self.merge_due:
+        known = self.cluster >= 0
+        everyone = bool((self.checked[known] == self.step).all())
+        if self.merge_due and (everyone or self.round_in_step == self.config.rounds_per_step):
             self.merge_due = False
             new = self.merge(new)
         return new
@@ -280,8 +287,8 @@ class FedDrift(HardClustering):
 
     def state_dict(self) -> dict[str, Any]:
         names = ("cluster", "prev", "checked", "release", "lineage", "in_use", "chunks")
-        state = {n: getattr(self, n) for n in names}
-        return {**super().state_dict(), **state, "last_used": self.last_used, "step": self.step}
+        names += ("last_used", "step", "merge_due", "round_in_step", "table", "mass")
+        return {**super().state_dict(), **{n: getattr(self, n) for n in names}}
 
 
 class FedDriftEager(FedDrift):

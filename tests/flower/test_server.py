@@ -35,7 +35,9 @@ def grid_for(data: Path, config, nodes: int = 3) -> LocalGrid:
     return LocalGrid({101 + i: c for i, c in enumerate(configs)}, run_config(config))
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem"])
+@pytest.mark.parametrize(
+    "algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "feddrift"]
+)
 def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_path: Path) -> None:
     """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting) and
     additive models (FeSEM-CAM): each through 3 nodes holding 5 clients each."""
