@@ -93,7 +93,7 @@ class FedDrift(HardClustering):
         k, m = self.num_models, self.num_clients
         self.omega = torch.stack([one_hot(0, k)] * m)
         self.cluster = torch.full((m,), -1, dtype=torch.long)  # -1: not seen yet
-        self.prev = torch.full((m,), float("nan"), dtype=torch.float64)  # prev_i
+        self.prev = torch.zeros(m, dtype=torch.float64)  # prev_i, once the client has a row
         self.checked = torch.full((m,), -1, dtype=torch.long)  # the step of the last check
         self.release = torch.full((m,), -1, dtype=torch.long)  # isolated until (-1: not)
         # the rows a client's chunks went to since its last drift: its data stands for theirs
