@@ -12,8 +12,8 @@ row k and the candidates the rows in use that are not isolated:
 
 A fresh row is the first row not in use, else the least recently used row that no client holds;
 with none, the client stays on its best model. Isolated clients keep their row without a check.
-At the end of each step's first round the rows in use, not isolated and with members among the
-round's clients are merged: with L_a(θ_b) the mean loss of model b on cluster a's data,
+Once a step (from step 1) the rows in use, not isolated and scored this step are merged: with
+L_a(θ_b) the mean loss of model b on cluster a's data,
 
     D(a, b) = max(L_a(θ_b) − L_a(θ_a), L_b(θ_a) − L_b(θ_b), 0)
 
@@ -25,10 +25,13 @@ FedDrift-Eager: the same detector, but all clients that drift within a step shar
 no isolation window and no merging.
 
 Where fedrc differs (protocol §7): the detector and D use the cross-entropy the paper writes,
-not the accuracy of the authors' code (δ is in nats); clusters are scored on their members'
-data of the current step, and training uses the current step only, where the authors replay
-every past batch assigned to a cluster; merging happens after the step's first round of
-training (the authors merge before it), from the losses the E-step saw.
+not the accuracy of the authors' code (δ is in nats). fedrc keeps no past data, where the
+authors replay every past batch assigned to a cluster, in training and in scoring: a model
+trains on its members' data of the current step, and cluster a is scored on the current data of
+every client whose batches went to row a since its last detected drift. Each client scores the
+models in its first E-step of the step, and the merge comes at the end of the round by which
+every client seen so far has done so (the step's first round with full participation) or at the
+step's last round: after that round's training, where the authors merge before it.
 """
 
 from __future__ import annotations
