@@ -278,3 +278,24 @@ def test_torchrun_equals_one_process(swap_drift: Path, tmp_path: Path) -> None:
     assert_same_run(expected, tmp_path / "two", exact=False)
     active = [r["active_models"] for r in rf.read_metrics(expected / rf.METRICS)]
     assert max(active) > active[-1] > 1  # new models opened, and some merged
+
+
+def test_resume_mid_step_equals_the_uninterrupted_run(swap_drift: Path, tmp_path: Path) -> None:
+    """Stopped after the first round of step 3, with half the clients a round (the merge still
+    waits for the others), and resumed: the same run."""
+    values = dict(
+        data=str(swap_drift), algorithm="feddrift", rounds=12, rounds_per_step=3, local_epochs=1,
+        batch_size=16, lr=0.05, clusters=5, participation=0.5, eval_every=1, device="cpu",
+    )  # fmt: skip
+    whole = train_stage(make_config(**values, out=str(tmp_path / "a")))
+    half = tmp_path / "b"
+    train_stage(make_config(**{**values, "rounds": 10}, out=str(half)))
+    state = torch.load(half / rf.CHECKPOINT, weights_only=True)["algorithm"]
+    assert state["merge_due"] and state["round_in_step"] == 1
+    train_stage(make_config(**values, out=str(half)), resume=True)
+    rows = [rf.read_metrics(run / rf.METRICS) for run in (whole, half)]
+    for row in (*rows[0], *rows[1]):
+        row.pop("seconds")
+    assert rows[0] == rows[1]
+    models = [torch.load(run / rf.MODEL, weights_only=True) for run in (whole, half)]
+    assert torch.equal(models[0]["models"], models[1]["models"])
