@@ -64,8 +64,9 @@ class FedDriftEagerSettings(Settings):
 
 @dataclass(frozen=True)
 class FedDriftSettings(FedDriftEagerSettings):
-    """The README's FedDrift setting: W = 1, δ′ = δ; one model at t = 0 ('single', the README's
-    example) or one per client ('per-client': needs --clusters ≥ the participating clients)."""
+    """The authors' FedDrift setting: W = 1, δ′ = δ; one model at t = 0 ('single', their README's
+    example) or one per client ('per-client', the paper's: a row each while rows last, so
+    --clusters ≥ the participating clients gives every client its own)."""
 
     delta_merge: float | None = None  # δ′: merge clusters with D ≤ δ′ (null: δ)
     window: int = 1  # W: a client that drifted is isolated on its new model for W steps
