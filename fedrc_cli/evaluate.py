@@ -41,6 +41,13 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
         f"{result['final_local_accuracy']:.4f}",
         f"{result['final_global_accuracy']:.4f}",
     )
+    if "final_unlabeled_global_accuracy" in result:
+        table.add_row(
+            "last round, new clients unlabeled",
+            str(result["final_round"]),
+            "",
+            f"{result['final_unlabeled_global_accuracy']:.4f}",
+        )
     table.add_row(
         "best global (optimistic)",
         str(result["max_global_round"]),
@@ -50,6 +57,8 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
     console.print(table)
     by_concept = ", ".join(f"{k} {v:.3f}" for k, v in result["global_accuracy_by_concept"].items())
     console.print(f"global accuracy by concept (best round): {by_concept}")
+    if "unlabeled_rule" in result:
+        console.print(f"new clients without labels: {result['unlabeled_rule']}")
     purity = result["concept_purity"]
     console.print(f"concept purity: {'n/a (one model)' if purity is None else f'{purity:.3f}'}")
     labels = result["label_purity"]

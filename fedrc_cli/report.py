@@ -48,6 +48,9 @@ def report(
         + (f"; {rounds[0]} rounds" if len(rounds) == 1 else "")
         + (f"; lr {lrs[0]:g} for all" if len(lrs) == 1 else "")
     )
+    blind = [f"{r['label']} {_cell(r, 'unlabeled_global')}" for r in rows]
+    if any(r["unlabeled_global_mean"] is not None for r in rows):
+        console.print("last-round global accuracy, new clients unlabeled: " + ", ".join(blind))
     if caveat:
         console.print(f"[bold]{caveat}[/]")
     console.print(f"Wrote {out}/report.md, report.csv and report.png")

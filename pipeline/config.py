@@ -392,6 +392,11 @@ class EvalConfig:
         "FedRC-FT: one γ-weighted epoch on each client before the last-round scores (the global "
         "models stay unchanged).",
     )
+    unlabeled: bool = option(
+        True,
+        "Also score the held-out clients assigned without their labels (the method's own "
+        "label-free rule, else the lowest prediction entropy): final_unlabeled_global_accuracy.",
+    )
 
     def validate(self) -> None:
         pass

@@ -182,6 +182,18 @@ def evaluate_round(
     return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, raw
 
 
+def unlabeled_omega(
+    algorithm: Algorithm, logits: torch.Tensor, data: FederatedData, omega: torch.Tensor
+) -> torch.Tensor:
+    """`omega` with each held-out client's row from `assign_unlabeled` on its E-step part
+    (logits and images, never its labels): Flux's protocol for new clients."""
+    omega = omega.clone()
+    for client in data.held_out:
+        rows = data.train_slices[client]
+        omega[client] = algorithm.assign_unlabeled(client, logits[:, rows], data.images[rows])
+    return omega
+
+
 def concept_purity(omega: np.ndarray, concepts: np.ndarray, sizes: np.ndarray) -> float | None:
     """Share of the ω-mass that falls in each concept's own cluster, clusters matched 1:1.
 

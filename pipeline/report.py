@@ -58,7 +58,9 @@ METRICS = {  # column stem → eval.json key
     "max_global": "max_global_accuracy",
     "purity": "concept_purity",
     "label_purity": "label_purity",
+    "unlabeled_global": "final_unlabeled_global_accuracy",
 }
+OPTIONAL = ("unlabeled_global",)  # absent from eval.json files older than it
 SHARES = ("purity", "label_purity")  # in [0, 1], not accuracies
 OVER_TIME = {  # column stem → eval.json's over_time key (drifting benchmarks)
     "steps_local": "mean_local_accuracy",
@@ -96,7 +98,7 @@ class Group:
         return self.runs[0].config
 
     def values(self, stem: str) -> list[float]:
-        key = METRICS[stem]  # label_purity: absent from eval.json files older than it
+        key = METRICS[stem]  # OPTIONAL ones may be absent
         return [r.result[key] for r in self.runs if r.result.get(key) is not None]
 
 
@@ -143,7 +145,8 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 def load_run(path: Path) -> Run:
     config = _read_json(path / rf.CONFIG, "not a `fedrc train` run")
     result = _read_json(path / "eval.json", "run `fedrc eval --run` on it first")
-    missing = [k for k in (*METRICS.values(), *EVAL_KEYS) if k not in result]
+    required = [key for stem, key in METRICS.items() if stem not in OPTIONAL]
+    missing = [k for k in (*required, *EVAL_KEYS) if k not in result]
     if missing:
         raise FedrcError(f"{path / 'eval.json'}: not a fedrc eval result (no {missing[0]})")
     if "data_digest" not in config or "seed" not in config or "algorithm" not in config:
@@ -410,7 +413,9 @@ def markdown(
         "marked; *best-train*: at the round with the best train accuracy (the paper's model "
         "selection), *last*: at the last round. Purity: concept purity in [0, 1] (1: each "
         "concept in a cluster of its own); labels: label purity (1: each label in one cluster, "
-        "1/K: spread evenly; high when clusters follow the labels).",
+        "1/K: spread evenly; high when clusters follow the labels). *Unlabeled*: the held-out "
+        "clients assigned without their labels (the method's label-free rule, else the model "
+        "with the lowest prediction entropy).",
         f"Paper: {PAPER_SOURCE}, local / global.",
     ]
     caveat = paper_caveat(manifest)
@@ -419,8 +424,9 @@ def markdown(
     lines += [
         "",
         "| algorithm | seeds | rounds | lr | local (best-train) | global (best-train) "
-        "| local (last) | global (last) | purity | labels | paper local | paper global |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| local (last) | global (last) | global (last, unlabeled) | purity | labels "
+        "| paper local | paper global |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = (
@@ -435,6 +441,7 @@ def markdown(
             f"| {_cell(r['global_mean'], r['global_std'])} "
             f"| {_cell(r['final_local_mean'], r['final_local_std'])} "
             f"| {_cell(r['final_global_mean'], r['final_global_std'])} "
+            f"| {_cell(r['unlabeled_global_mean'], r['unlabeled_global_std'])} "
             + (f"| {r['purity_mean']:.3f} " if r["purity_mean"] is not None else "| – (one model) ")
             + (f"| {r['label_purity_mean']:.3f} " if r["label_purity_mean"] is not None else "| – ")
             + f"| {_cell(r['paper_local'], r['paper_local_std'])} "

@@ -26,6 +26,7 @@ from pipeline.evaluate import (
     personal_logits,
     score_clients,
     summarize,
+    unlabeled_omega,
 )
 from pipeline.io import atomic_files
 from pipeline.resolve import from_values, recorded_identity
@@ -145,6 +146,18 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         own = personal_logits(algorithm, executor, data, everyone)
     table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
     final_summary = summarize(data, table)
+    unlabeled = {}
+    if config.unlabeled:
+        blind = unlabeled_omega(algorithm, logits, data, final["omega"])
+        held = score_clients(logits, data, blind, config.hard, own, data.held_out)
+        blind_summary = summarize(data, held + table * (held[:, 2:] == 0))  # others: as scored
+        unlabeled = {
+            "final_unlabeled_global_accuracy": blind_summary["global_accuracy"],
+            "final_unlabeled_global_accuracy_by_concept": blind_summary[
+                "global_accuracy_by_concept"
+            ],
+            "unlabeled_rule": algorithm.unlabeled_rule,
+        }
 
     part = np.asarray(data.participating)
     omega = final["omega"].numpy()
@@ -159,6 +172,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         **_at(best, prefix),
         "final_round": final["round"],
         **{f"final_{k}": v for k, v in final_summary.items()},
+        **unlabeled,
         "max_global_accuracy": top[prefix + "global_accuracy"],
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),

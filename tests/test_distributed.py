@@ -36,6 +36,9 @@ BASE = dict(
 CASES = {
     "fedavg": {},
     "cfl": {"cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01}},  # splits in round 1
+    "stocfl": {"stocfl": {"tau": 0.1}},  # ψ rows shared; merges in round 1
+    "pacfl": {},  # signatures computed on the rank holding the client, newcomers in rounds 2–3
+    "cfl-gp": {},  # clusters in rounds 1 and 3; round 3 adds the criterion model's trainings
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
 }  # FedRC: test_resume_distributed_run
 

@@ -1,4 +1,4 @@
-"""FedDrift (protocol §7): the drift detector, the new model's copy, the merge rule, the pool's
+"""FedDrift (protocol §10): the drift detector, the new model's copy, the merge rule, the pool's
 capacity, and what it does on a drifting benchmark."""
 
 from __future__ import annotations
@@ -180,6 +180,10 @@ def test_held_out_clients_take_the_best_model_in_use() -> None:
     step(algo, 0, torch.zeros(3, 2), {0: ([1.0, 1.0, 1.0], [0.0, 0.0])})
     omega = algo.assign_held_out(3, torch.tensor([[0.9, 0.1, 0.1]]), torch.zeros(1).long())
     assert omega.tolist() == [1.0, 0.0, 0.0]  # rows 1 and 2 are not in use
+    # without labels: the most confident model in use; row 1 is more confident but free
+    logits = torch.tensor([[[2.0, 0.0, 0.0]], [[9.0, 0.0, 0.0]], [[0.0, 0.0, 0.0]]])
+    omega = algo.assign_unlabeled(3, logits, torch.zeros(1, 1, 2, 2))
+    assert omega.tolist() == [1.0, 0.0, 0.0]
 
 
 def test_per_client_init_gives_each_client_its_own_model_while_rows_last() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL
+from pipeline.algorithms.cflgp import CFLGP
 from pipeline.algorithms.fedavg import FedAvg
 from pipeline.algorithms.feddrift import FedDrift, FedDriftEager
 from pipeline.algorithms.fedem import FedEM
@@ -16,22 +17,19 @@ from pipeline.algorithms.fedrc import FedRC
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
 from pipeline.algorithms.ifca import IFCA
+from pipeline.algorithms.pacfl import PACFL
+from pipeline.algorithms.stocfl import StoCFL
 from pipeline.config import TrainConfig
 from pipeline.plugins import Registry
 
 BUILT_IN: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (
-        FedAvg,
-        FedProx,
-        IFCA,
-        CFL,
-        FeSEM,
-        FedEM,
-        FedSoft,
-        FedRC,
-        IFCACAM,
-        FeSEMCAM,
+        *(FedAvg, FedProx, IFCA, CFL, FeSEM, FedEM, FedSoft, FedRC, IFCACAM, FeSEMCAM),
+        # the clustered-FL methods of 2023-2025
+        PACFL,
+        CFLGP,
+        StoCFL,
         FedDrift,
         FedDriftEager,
     )

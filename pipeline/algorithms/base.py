@@ -29,6 +29,7 @@ then once per round:
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
   `assign_held_out(i, losses, labels)`  a non-participating client's ω (returned)
+  `assign_unlabeled(i, logits, images)`  the same without its labels (`fedrc eval`)
   `predict_weights(i)`               ω_i, the client's mixture over the K predictors
   `personal_model(i)`                a client's own model, where the algorithm keeps one
 
@@ -69,6 +70,8 @@ class Algorithm(ABC):
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
     describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
+    # how a new client is assigned without its labels (`assign_unlabeled`), for reports
+    unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
@@ -155,6 +158,17 @@ class Algorithm(ABC):
         """A non-participating client's ω from its labelled part. Hard-clustering default
         (protocol §2): the model with the lowest loss."""
         return one_hot(int(losses.mean(0).argmin()), self.num_models)
+
+    def assign_unlabeled(
+        self, client: int, logits: torch.Tensor, images: torch.Tensor
+    ) -> torch.Tensor:
+        """A new client's ω from its unlabeled data: its K predictors' logits (K, N, classes)
+        and its images. fedrc's fallback for methods without a label-free rule of their own:
+        the model whose predictions are the most confident, i.e. the lowest mean entropy
+        −Σ_c p_c log p_c; it must not change the algorithm's state."""
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1).mean(1)  # (K,)
+        return one_hot(int(entropy.argmin()), self.num_models)
 
     def held_out_step(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
         """ω_i ← `assign_held_out`: what evaluation calls for a non-participating client."""

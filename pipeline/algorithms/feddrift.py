@@ -24,7 +24,7 @@ was trained on, and the freed row leaves the pool.
 FedDrift-Eager: the same detector, but all clients that drift within a step share one new row;
 no isolation window and no merging.
 
-Where fedrc differs (protocol §7): the detector and D use the cross-entropy the paper writes,
+Where fedrc differs (protocol §10): the detector and D use the cross-entropy the paper writes,
 not the accuracy of the authors' code (δ is in nats). fedrc keeps no past data, where the
 authors replay every past batch assigned to a cluster, in training and in scoring: a model
 trains on its members' data of the current step, and cluster a is scored on the current data of
@@ -89,6 +89,7 @@ class FedDrift(HardClustering):
     name = "feddrift"
     title = "FedDrift"
     paper = "Jothimurugesan et al., AISTATS 2023"
+    unlabeled_rule = "fallback: the model in use with the lowest prediction entropy"
     Settings = FedDriftSettings
     settings: FedDriftSettings
 
@@ -285,6 +286,15 @@ class FedDrift(HardClustering):
         """The in-use model with the lowest loss on the client's labelled part."""
         scores = losses.mean(0).to("cpu", torch.float64)
         return one_hot(lowest(scores, self.in_use), self.num_models)
+
+    def assign_unlabeled(
+        self, client: int, logits: torch.Tensor, images: torch.Tensor
+    ) -> torch.Tensor:
+        """fedrc's label-free fallback (FedDrift has none), among the models in use only: a
+        free row holds a stale or untrained model."""
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1).mean(1)  # (K,)
+        return one_hot(lowest(entropy.cpu(), self.in_use), self.num_models)
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": int(self.in_use.sum())}

@@ -36,10 +36,11 @@ def grid_for(data: Path, config, nodes: int = 3) -> LocalGrid:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "feddrift"]
+    "algorithm",
+    ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "stocfl", "cfl-gp", "feddrift"],
 )
 def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_path: Path) -> None:
-    """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting) and
+    """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting, CFL-GP) and
     additive models (FeSEM-CAM): each through 3 nodes holding 5 clients each."""
     expected = reference(flower_config(tiny_data, algorithm, tmp_path / "single"))
     config = flower_config(tiny_data, algorithm, tmp_path / "flower")
@@ -274,6 +275,18 @@ def test_persistent_momentum_is_refused(tiny_data: Path, tmp_path: Path) -> None
     config = flower_config(tiny_data, "fedavg", tmp_path / "run", persistent_momentum=True)
     with pytest.raises(FedrcError, match="persistent_momentum: not available on Flower"):
         serve(grid_for(tiny_data, config), config, FAST, False, False)
+
+
+def test_an_algorithm_asking_for_statistics_is_refused_in_one_line(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """PACFL's clients send subspace signatures (`describe`), which the nodes do not compute."""
+    config = flower_config(tiny_data, "pacfl", tmp_path / "run")
+    with pytest.raises(
+        FedrcError, match=r"^train\.algorithm: pacfl asks clients for a statistic [^\n]*$"
+    ):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_diverged_training_is_the_loops_line_naming_its_client(
