@@ -39,6 +39,7 @@ CASES = {
     "stocfl": {"stocfl": {"tau": 0.1}},  # ψ rows shared; merges in round 1
     "pacfl": {},  # signatures computed on the rank holding the client, newcomers in rounds 2–3
     "cfl-gp": {},  # clusters in rounds 1 and 3; round 3 adds the criterion model's trainings
+    "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
 }  # FedRC: test_resume_distributed_run
 
 

@@ -36,7 +36,8 @@ def grid_for(data: Path, config, nodes: int = 3) -> LocalGrid:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "stocfl", "cfl-gp"]
+    "algorithm",
+    ["fedavg", "fedrc", "cfl", "fesem-cam", "ifca", "fedem", "stocfl", "cfl-gp", "feddrift"],
 )
 def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_path: Path) -> None:
     """Soft (FedRC with Adam E-step and pruning, FedEM), hard (IFCA, CFL splitting, CFL-GP) and
