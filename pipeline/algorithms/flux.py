@@ -154,14 +154,15 @@ def knee_index(y: np.ndarray, sensitivity: float = 1.0) -> int | None:
     n = len(y)
     if n < 3 or y[-1] == y[0]:
         return None
-    x = np.linspace(0.0, 1.0, n)
+    x = np.arange(n) / (n - 1)
     d = (1.0 - (y - y[0]) / (y[-1] - y[0]))[::-1] - x
+    step = sensitivity * np.diff(x).mean()  # S / (n − 1), rounded as kneed does
     left, right = d[np.r_[0, : n - 1]], d[np.r_[1:n, n - 1]]
     is_max, is_min = (d >= left) & (d >= right), (d <= left) & (d <= right)
     threshold, at = -np.inf, None
     for i in range(int(np.argmax(is_max)), n - 1):
         if is_max[i]:
-            threshold, at = d[i] - sensitivity / (n - 1), i
+            threshold, at = d[i] - step, i
         if is_min[i]:
             threshold = 0.0
         if d[i + 1] < threshold:
@@ -201,14 +202,19 @@ def centroids(points: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def cap_clusters(points: torch.Tensor, labels: torch.Tensor, cap: int) -> torch.Tensor:
-    """While more than `cap` clusters: merge the two whose centroids are closest (the later
-    one into the earlier), keeping the labels 0, 1, …"""
+    """While more than `cap` clusters: merge the two closest by Ward's criterion, the growth of
+    the within-cluster sum of squares n_a n_b / (n_a + n_b) ‖c_a − c_b‖² (the later into the
+    earlier), keeping the labels 0, 1, … A noise point, far from every centroid by DBSCAN's
+    definition, then joins its nearest cluster before two large clusters are joined."""
     labels = labels.clone()
     while int(labels.max()) + 1 > cap:
         middle = centroids(points, labels)
-        distance = torch.cdist(middle, middle)
-        distance.fill_diagonal_(float("inf"))
-        a, b = sorted(divmod(int(distance.argmin()), distance.shape[0]))
+        sizes = torch.bincount(labels).to(points)
+        cost = (
+            torch.cdist(middle, middle) ** 2 * (sizes[:, None] * sizes) / (sizes[:, None] + sizes)
+        )
+        cost.fill_diagonal_(float("inf"))
+        a, b = sorted(divmod(int(cost.argmin()), cost.shape[0]))
         labels[labels == b] = a
         labels[labels > b] -= 1
     return labels
