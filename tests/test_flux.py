@@ -1,7 +1,7 @@
-"""FLUX (protocol §7): descriptors, scaling, knee, DBSCAN and the cap on hand-checked cases; the
-round loop's warm-up trigger, one-shot clustering, newcomers and re-clustering at a drift step;
-and on the synthetic benchmark what it separates (label groups, a label swap when labels are
-seen) and what it cannot without labels (the same swap for a new client)."""
+"""FLUX (docs/protocol.md §11): descriptors, scaling, knee, DBSCAN and the cap on hand-checked
+cases; the round loop's warm-up trigger, one-shot clustering, newcomers and re-clustering at a
+drift step; and on the synthetic benchmark what it separates (label groups, a label swap when
+labels are seen) and what it cannot without labels (the same swap for a new client)."""
 
 from __future__ import annotations
 
@@ -349,3 +349,12 @@ def test_a_label_swap_is_seen_with_labels_and_not_without(tmp_path: Path) -> Non
     raw = torch.stack([algo._latents(final["models"][k], images)[1] for k in range(2)])
     losses = [per_sample_losses(raw, y) for y in (labels, swapped)]
     assert [int(algo.assign_held_out(held, x, None).argmax()) for x in losses] == nearest
+
+
+def test_flower_refuses_flux_in_one_line() -> None:
+    """The descriptors are client statistics, which Flower nodes do not compute (the server's
+    own test: tests/flower/test_server.py)."""
+    from pipeline.flower.appconfig import check_config
+
+    with pytest.raises(FedrcError, match=r"^train\.algorithm: flux asks clients for [^\n]*$"):
+        check_config(make_config(algorithm="flux"))

@@ -1,5 +1,8 @@
 """FLUX (Fenoglio et al., NeurIPS 2025): cluster clients once by descriptors of their data.
 
+protocol §11 lists where fedrc departs from the authors' code (the trigger's one-round lag, the
+cap, training in a re-clustering round, newcomers under partial participation).
+
 Warm-up: FedAvg of one global model (row 0; the other rows wait). Each warm-up round the
 sampled clients also report, for the model they received, the largest latent value and how
 many of their training samples it classifies correctly (`describe`): the authors' evaluation
@@ -17,8 +20,8 @@ Descriptor of client i (the authors' `Px_label_long`, extended), from the global
 Server: each block of C numbers (a "group") is min-max scaled with one min and max over all
 its entries and clients; eps = knee of the sorted 1-NN distances (Kneedle, `knee_index`) ×
 `eps_scaling`; DBSCAN(eps, min_samples = 2) (`dbscan`), every noise point its own cluster;
-more than K clusters: the two with the closest centroids merge until K remain (fedrc's cap).
-Centroid = the mean of the members' scaled descriptors.
+more than K clusters (fedrc's cap): the two whose merge adds the least within-cluster variance
+(Ward) merge until K remain. Centroid = the mean of the members' scaled descriptors.
 
 Clustering round: the members of cluster k train the global model and the server averages
 them (N_i-weighted): θ_k ← θ_g + η_g (Σ_i N_i θ_i / Σ_i N_i − θ_g). Then FedAvg within each
@@ -242,6 +245,7 @@ class FLUX(HardClustering):
     paper = "Fenoglio et al., NeurIPS 2025"
     Settings = FLUXSettings
     settings: FLUXSettings
+    describes = True  # every round of the warm-up, the clustering rounds and newcomers
     unlabeled_rule = "nearest cluster centroid of the P(X) descriptor (the frozen global model)"
 
     def init_state(self) -> None:
