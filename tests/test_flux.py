@@ -31,7 +31,7 @@ from pipeline.engine import LocalResult
 from pipeline.errors import FedrcError
 from pipeline.evaluate import per_sample_losses
 from pipeline.resolve import make_config
-from pipeline.run_files import MODEL, load_state
+from pipeline.run_files import ASSIGNMENTS, MODEL, load_state, read_assignments
 from pipeline.stages import partition_stage, run_config, train_stage
 
 
@@ -358,3 +358,31 @@ def test_flower_refuses_flux_in_one_line() -> None:
 
     with pytest.raises(FedrcError, match=r"^train\.algorithm: flux asks clients for [^\n]*$"):
         check_config(make_config(algorithm="flux"))
+
+
+def test_each_new_step_reclusters_by_the_new_concepts(tmp_path: Path) -> None:
+    """Concepts identity and reverse, a quarter of the clients flipping at steps 1 and 2 (5 rounds
+    a step, clustering in round 3): at the end of every step the clusters are the concepts of
+    that step, the moved clients included."""
+    out = tmp_path / "data"
+    partition_stage(
+        PartitionConfig(
+            dataset="synthetic", clients=12, samples_per_client=110, holdout_samples=200,
+            shifts=["concept"], concepts=["identity", "reverse"], client_mix="custom",
+            client_shares=[0.5, 0.0, 0.5, 0.0], time_steps=3,
+            drift=[{"step": 1, "share": 0.25}, {"step": 2, "share": 0.25}], out=str(out),
+        )
+    )  # fmt: skip
+    config = make_config(
+        data=str(out), out=str(tmp_path / "run"), algorithm="flux", rounds=15, local_epochs=2,
+        batch_size=16, lr=0.05, clusters=2, device="cpu", eval_every=5, cluster_round=3,
+    )  # fmt: skip
+    run = train_stage(config)
+    schedule = np.asarray(load_federated(out).benchmark.schedule)
+    table = read_assignments(run / ASSIGNMENTS).to_pydict()
+    for step, r in enumerate((5, 10, 15)):
+        rows = [i for i, (q, p) in enumerate(zip(table["round"], table["participating"]))
+                if q == r and p]  # fmt: skip
+        cluster = [int(table["omega_1"][i] > table["omega_0"][i]) for i in rows]
+        assert same_partition(schedule[step].tolist(), cluster), step
+        assert len(set(schedule[step].tolist())) == 2
