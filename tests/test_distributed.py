@@ -40,6 +40,7 @@ CASES = {
     "pacfl": {},  # signatures computed on the rank holding the client, newcomers in rounds 2–3
     "cfl-gp": {},  # clusters in rounds 1 and 3; round 3 adds the criterion model's trainings
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
+    "flux": {"flux": {"cluster_round": 2}},  # statistics gathered from both ranks
 }  # FedRC: test_resume_distributed_run
 
 

@@ -33,6 +33,7 @@ EXTRA = {
     "ifca-cam": {"warmup_rounds": 1},
     "cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01},  # split as soon as there are > 2 members
     "fedrc": {"estep": "adam", "prune_threshold": 0.05},
+    "flux": {"cluster_round": 2},  # one warm-up round, then the clustering round
 }
 
 

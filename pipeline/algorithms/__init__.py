@@ -16,6 +16,7 @@ from pipeline.algorithms.fedprox import FedProx
 from pipeline.algorithms.fedrc import FedRC
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
+from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.ifca import IFCA
 from pipeline.algorithms.pacfl import PACFL
 from pipeline.algorithms.stocfl import StoCFL
@@ -32,6 +33,7 @@ BUILT_IN: dict[str, type[Algorithm]] = {
         StoCFL,
         FedDrift,
         FedDriftEager,
+        FLUX,
     )
 }
 

@@ -312,3 +312,12 @@ def test_a_client_two_nodes_hold_goes_to_the_later_with_a_warning(
     registry.connect()
     assert registry.clients_of(104) == [0, 3, 6, 9, 12] and registry.clients_of(101) == []
     assert "client 0: node 104 takes over from node 101" in caplog.text
+
+
+def test_flower_server_refuses_flux_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    """FLUX asks each client for a descriptor of its data, which the nodes do not compute: the
+    server refuses it before anything starts, in one line naming the option."""
+    config = flower_config(tiny_data, "flux", tmp_path / "flower")
+    with pytest.raises(FedrcError, match=r"^train\.algorithm: flux asks clients for [^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
+    assert not (tmp_path / "flower").exists()
