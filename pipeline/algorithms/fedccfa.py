@@ -156,6 +156,7 @@ class FedCCFA(Algorithm):
         self.extractor: torch.Tensor | None = None  # the latest global row, for personal models
         self.rounds_done = 0
         self.last_clusters = 0.0
+        self.grouping: dict[int, list[list[int]]] = {}  # label → the last round's client groups
         self._rows: RowStore | None = None
         self._balanced: dict[int, torch.Tensor] = {}
 
@@ -271,6 +272,7 @@ class FedCCFA(Algorithm):
             vectors = torch.stack([self.row(h, label) for h in clustered])
             labels = dbscan(madd(vectors), self.settings.eps, self.settings.min_samples)
             parts = groups(labels)
+            self.grouping[label] = [[clients[m] for m in members] for members in parts]
             found += len(parts)
             for members in parts:
                 if len(members) < 2:
