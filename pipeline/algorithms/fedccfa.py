@@ -135,18 +135,16 @@ class FedCCFA(Algorithm):
 
     def init_state(self) -> None:
         super().init_state()
-        if self.head is None:
-            raise FedrcError("train.algorithm: fedccfa needs the model's final layer (head)")
         if self.config.persistent_momentum:
             raise FedrcError(
                 "train.persistent_momentum: fedccfa starts each training stage with fresh "
                 "momentum; set it to false"
             )
         c = self.num_classes
-        width = self.head[1] - self.head[0]
-        if width % c or width // c < 2:
+        width = 0 if self.head is None else self.head[1] - self.head[0]  # None: no model given
+        if self.head is not None and (width % c or width // c < 2):
             raise FedrcError(f"train.model: fedccfa needs a linear final layer with bias ({width})")
-        self.dim = width // c - 1  # D, the features' length: the head is W (C, D) then b (C,)
+        self.dim = max(width // c - 1, 0)  # D, the features: the head is W (C, D), then b (C,)
         self.heads = torch.zeros(self.num_clients, width)  # personal classifiers
         self.has_head = torch.zeros(self.num_clients, dtype=torch.bool)
         self.anchors = torch.zeros(self.num_clients, c, self.dim)  # A_ic, clustered prototypes
