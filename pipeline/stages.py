@@ -29,6 +29,7 @@ from pipeline.evaluate import (
     unlabeled_omega,
 )
 from pipeline.io import atomic_files
+from pipeline.models.layout import head_range
 from pipeline.resolve import from_values, recorded_identity
 from pipeline.run_lock import writer_lock
 from pipeline.training import make_executor, resolve_device, run_training
@@ -120,7 +121,8 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
     # Score the final models afresh: the numbers a user gets from model.pt, not from the log.
     device = resolve_device("auto")
     executor = make_executor(train_config, data, device)
-    algorithm = build_algorithm(train_config, len(data.clients), data.num_classes)
+    head = head_range(executor.model)
+    algorithm = build_algorithm(train_config, len(data.clients), data.num_classes, head)
     expect = rf.Expected(
         rounds=train_config.rounds,
         models=(algorithm.num_rows, executor.flatten().numel()),

@@ -28,7 +28,7 @@ import torch
 
 from pipeline import distributed
 from pipeline import run_files as rf
-from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
 from pipeline.checks import require_finite
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
@@ -88,11 +88,20 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
 
 
 def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
-    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3)."""
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3);
+    an algorithm whose local training only the sequential executor runs (`needs_sequential`:
+    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
+    sequential_only = getattr(ALGORITHMS.get(config.algorithm), "needs_sequential", False)
+    if sequential_only and config.executor == "batched":
+        raise FedrcError(
+            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
+            "executor runs; use auto or sequential"
+        )
     shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.model_settings)
     sgd = sgd_options(config)
-    batched = config.executor == "batched" or (config.executor == "auto" and device.type == "cuda")
+    automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
+    batched = config.executor == "batched" or automatic
     if batched:
         return BatchedExecutor(
             model, device, **sgd, chunk_tasks=config.chunk_clients, precision=config.precision

@@ -8,8 +8,10 @@ import torch
 from conftest import ALGORITHMS, PROXIMAL, assert_metrics_close
 from torch import nn
 
+from pipeline.algorithms import ALGORITHMS as REGISTRY
 from pipeline.engine import BatchedExecutor, LocalTask, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
+from pipeline.errors import FedrcError
 from pipeline.models import build_model
 from pipeline.resolve import make_config
 from pipeline.training import run_training
@@ -102,6 +104,10 @@ def test_non_finite_loss_names_the_task() -> None:
         assert info.value.index == 3
 
 
+def algorithm_class(name: str) -> type:
+    return REGISTRY.get(name)
+
+
 def metrics(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -121,6 +127,11 @@ def test_training_matches_sequential_end_to_end(
         extra.update(weight_decay=5e-4, drop_last=True, persistent_momentum=True)
     if algorithm.endswith("-cam"):
         extra["warmup_rounds"] = 1
+    if getattr(algorithm_class(algorithm), "needs_sequential", False):  # staged tasks: refused
+        config = make_config(data=str(tiny_data), algorithm=algorithm, executor="batched")
+        with pytest.raises(FedrcError, match=r"^train\.executor: .* only the sequential"):
+            run_training(config)
+        return
     runs = {}
     for executor in ("sequential", "batched"):
         config = make_config(

@@ -41,6 +41,7 @@ CASES = {
     "cfl-gp": {},  # clusters in rounds 1 and 3; round 3 adds the criterion model's trainings
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
     "flux": {"flux": {"cluster_round": 2}},  # statistics gathered from both ranks
+    "fedccfa": {"fedccfa": {"align_after": 1}},  # classifier rows + prototypes shared rows
 }  # FedRC: test_resume_distributed_run
 
 

@@ -34,6 +34,7 @@ EXTRA = {
     "cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01},  # split as soon as there are > 2 members
     "fedrc": {"estep": "adam", "prune_threshold": 0.05},
     "flux": {"cluster_round": 2},  # one warm-up round, then the clustering round
+    "fedccfa": {"align_after": 1},  # the alignment term from round 2 (the authors': round 21)
 }
 
 

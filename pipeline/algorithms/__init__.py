@@ -10,6 +10,7 @@ from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL
 from pipeline.algorithms.cflgp import CFLGP
 from pipeline.algorithms.fedavg import FedAvg
+from pipeline.algorithms.fedccfa import FedCCFA
 from pipeline.algorithms.feddrift import FedDrift, FedDriftEager
 from pipeline.algorithms.fedem import FedEM
 from pipeline.algorithms.fedprox import FedProx
@@ -34,6 +35,7 @@ BUILT_IN: dict[str, type[Algorithm]] = {
         FedDrift,
         FedDriftEager,
         FLUX,
+        FedCCFA,
     )
 }
 

@@ -234,6 +234,8 @@ class BatchedExecutor(SequentialExecutor):
 
     def _train_chunk(self, jobs: list[Job]) -> list[LocalResult]:
         tasks = [job[0] for job in jobs]
+        if any(t.stages or t.prototypes for t in tasks):  # the algorithm's `needs_sequential`
+            raise ValueError("the batched executor does not run staged tasks (LocalTask.stages)")
         count, dev = len(jobs), self.device
         x_pool, y_pool, w_pool, o_pool, bases = self._pool(jobs)
         steps, mask = self._schedule(jobs)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.engine.task import Job, LocalResult, LocalTask
+from pipeline.engine.task import Job, LocalResult, LocalTask, Stage
 
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
 
@@ -55,6 +55,10 @@ class SequentialExecutor:
             self.params, lr=lr, momentum=momentum, weight_decay=weight_decay
         )
         self.momentum = momentum
+        self.weight_decay = weight_decay
+        # the final layer, whose input is the features of staged tasks (the rule of
+        # `models.layout.head_range`: the last module that owns parameters)
+        self.final = [m for m in self.model.modules() if any(True for _ in m.parameters(False))][-1]
         self.batch_size = batch_size
         self.local_epochs = local_epochs
         self.drop_last = drop_last
@@ -130,8 +134,11 @@ class SequentialExecutor:
         """Local SGD for `task`: loss (1/B) Σ_b w_b f(x_b, y_b) [+ (μ/2)‖w − anchor‖²].
 
         Momentum starts fresh unless the task brings a buffer. Batches are drawn from a
-        generator seeded with `seed`, so a task's result depends only on its inputs.
+        generator seeded with `seed`, so a task's result depends only on its inputs. A task with
+        `stages` runs them in turn (`train_staged`).
         """
+        if task.stages:
+            return self.train_staged(task, images, labels, seed)
         self.load(task.start)
         self.model.train()
         self.optimizer.state.clear()
@@ -173,3 +180,153 @@ class SequentialExecutor:
                 ]
             )
         return LocalResult(self.flatten(), loss_sum, momentum)
+
+    # --- staged training (LocalTask.stages; task.py's docstring) ---------------------------
+    def trains(self, stage: Stage) -> list[bool]:
+        """Which parameters `stage` updates: inside `train`, outside `freeze`."""
+        out, offset = [], 0
+        for p in self.params:
+            lo, hi = offset, offset + p.numel()
+            offset = hi
+            keep = True
+            for span, inside_trains in ((stage.train, True), (stage.freeze, False)):
+                if span is None:
+                    continue
+                inside, outside = span[0] <= lo and hi <= span[1], hi <= span[0] or span[1] <= lo
+                if not (inside or outside):
+                    raise ValueError(f"stage slice {span} cuts the parameter at [{lo}, {hi})")
+                keep = keep and inside == inside_trains
+            out.append(keep)
+        if not any(out):
+            raise ValueError(f"stage {stage} trains no parameter")
+        return out
+
+    def train_staged(
+        self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int
+    ) -> LocalResult:
+        """Each stage's epochs on its parameters, lr, samples and loss; then the prototypes."""
+        if task.momentum is not None:
+            raise ValueError("persistent momentum does not combine with LocalTask.stages")
+        self.load(task.start)
+        gen = torch.Generator().manual_seed(seed)
+        features: list[torch.Tensor] = []
+        hook = self.final.register_forward_pre_hook(lambda _, args: features.append(args[0]))
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        checked = torch.zeros((), dtype=torch.float64, device=self.device)
+        counted = 0
+        try:
+            for stage in task.stages:
+                loss, objective = self.run_stage(task, stage, images, labels, gen, features)
+                checked += objective
+                if stage.balanced is None:
+                    total += loss
+                    counted += stage.epochs
+            prototypes = self.class_means(images, labels, features) if task.prototypes else None
+        finally:
+            hook.remove()
+            for p in self.params:
+                p.requires_grad_(True)
+        if not torch.isfinite(checked):
+            raise NonFiniteLoss(f"local loss {float(checked)}")
+        loss_sum = float(total) * self.local_epochs / counted if counted else 0.0
+        return LocalResult(self.flatten(), loss_sum, None, prototypes)
+
+    def run_stage(
+        self,
+        task: LocalTask,
+        stage: Stage,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        gen: torch.Generator,
+        features: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One stage: (Σ w·f of its cross-entropy, Σ of its whole objective)."""
+        self.model.train()
+        chosen = [p for p, t in zip(self.params, self.trains(stage)) if t]
+        for p in self.params:
+            p.requires_grad_(False)
+        for p in chosen:
+            p.requires_grad_(True)
+        optimizer = torch.optim.SGD(
+            chosen, lr=stage.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+        rows = torch.arange(labels.shape[0])
+        if stage.balanced is not None:
+            rows = balanced_rows(labels.cpu(), stage.balanced, gen)
+        rows = rows.to(self.device)
+        anchors = task.class_anchors if stage.align > 0 else None
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        objective = torch.zeros((), dtype=torch.float64, device=self.device)
+        n = rows.numel()
+        for _ in range(stage.epochs):
+            order = rows[torch.randperm(n, generator=gen).to(self.device)]
+            stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
+            for s in range(0, stop, self.batch_size):
+                idx = order[s : min(s + self.batch_size, stop)]
+                features.clear()
+                out = self.model(as_input(images[idx]))
+                if task.offset is not None:
+                    out = out + task.offset[idx]
+                per_sample = F.cross_entropy(out, labels[idx], reduction="none")
+                loss = per_sample
+                if anchors is not None:
+                    align = alignment(features[0], labels[idx], anchors, stage.temperature)
+                    loss = per_sample + stage.align * align
+                weights = task.weights[idx]
+                weighted = (weights * loss).sum()
+                optimizer.zero_grad(set_to_none=True)
+                (weighted / idx.numel()).backward()
+                optimizer.step()
+                total += (weights * per_sample).sum().detach()
+                objective += weighted.detach()
+        features.clear()
+        return total, objective
+
+    def class_means(
+        self, images: torch.Tensor, labels: torch.Tensor, features: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """(classes, D) mean feature of each class over the samples (zeros: class absent)."""
+        self.model.eval()
+        sums = counts = None
+        with torch.no_grad():
+            for s in range(0, labels.shape[0], INFERENCE_CHUNK):
+                features.clear()
+                out = self.model(as_input(images[s : s + INFERENCE_CHUNK]))
+                h = features[0].reshape(out.shape[0], -1).double()
+                if sums is None:
+                    sums = h.new_zeros(out.shape[1], h.shape[1])
+                    counts = h.new_zeros(out.shape[1])
+                y = labels[s : s + INFERENCE_CHUNK]
+                sums.index_add_(0, y, h)
+                counts.index_add_(0, y, torch.ones_like(y, dtype=h.dtype))
+        features.clear()
+        return (sums / counts.clamp(min=1)[:, None]).float()
+
+
+def balanced_rows(labels: torch.Tensor, per_class: int, gen: torch.Generator) -> torch.Tensor:
+    """Indices of a class-balanced subset: min(per_class, the smallest count of a present
+    class) samples of every class present, each drawn without replacement."""
+    classes, counts = labels.unique(return_counts=True)
+    m = min(per_class, int(counts.min()))
+    picks = []
+    for c, count in zip(classes.tolist(), counts.tolist()):
+        members = (labels == c).nonzero().flatten()
+        picks.append(members[torch.randperm(count, generator=gen)[:m]])
+    return torch.cat(picks)
+
+
+def alignment(
+    h: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Per-sample contrastive alignment (FedCCFA, `penalize: CL`):
+    ℓ_b = −log softmax_c(cos(h_b, A_c) / τ)[y_b], over the classes with a finite anchor; 0 for a
+    sample whose class has none."""
+    valid = torch.isfinite(anchors).all(1)
+    if not bool(valid.any()):
+        return h.new_zeros(h.shape[0])
+    position = torch.cumsum(valid.long(), 0) - 1  # class → its column among the anchors
+    h = h.reshape(h.shape[0], -1)
+    cos = F.cosine_similarity(h[:, None, :], anchors[valid].to(h)[None], dim=-1)
+    has = valid[y]
+    ell = F.cross_entropy(cos / temperature, position[y].clamp(min=0), reduction="none")
+    return ell * has

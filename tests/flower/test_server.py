@@ -289,6 +289,15 @@ def test_an_algorithm_asking_for_statistics_is_refused_in_one_line(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_staged_algorithm_is_refused_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    """FedCCFA's tasks carry stages, class anchors and a request for prototypes, which the
+    train message (`wire`) does not serialise: refused before anything is written."""
+    config = flower_config(tiny_data, "fedccfa", tmp_path / "run")
+    with pytest.raises(FedrcError, match=r"^train\.algorithm: fedccfa trains in stages [^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_diverged_training_is_the_loops_line_naming_its_client(
     tiny_data: Path, tmp_path: Path
 ) -> None:
