@@ -91,7 +91,7 @@ def make_executor(config: TrainConfig, data: FederatedData, device: torch.device
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
     staged tasks) gets the plain loop under `auto` and refuses `batched`."""
-    sequential_only = getattr(ALGORITHMS.get(config.algorithm), "needs_sequential", False)
+    sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
     if sequential_only and config.executor == "batched":
         raise FedrcError(
             f"train.executor: {config.algorithm} trains in stages, which only the sequential "
