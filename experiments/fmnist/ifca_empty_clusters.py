@@ -31,7 +31,7 @@ class ZeroingIFCA(IFCA):
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)
-        new[self._totals == 0] = 0.0
+        new[self.totals == 0] = 0.0
         return new
 
 
