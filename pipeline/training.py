@@ -88,7 +88,8 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
 
 
 def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
-    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (DESIGN.md 3);
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (README,
+    *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
     staged tasks) gets the plain loop under `auto` and refuses `batched`."""
     sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential

@@ -1,4 +1,4 @@
-"""Import directions this code relies on (DESIGN.md principle 10): the manifest records stand
+"""Import directions this code relies on (layers import downwards only): the manifest records stand
 on `pipeline.errors` alone, and the configuration imports the data tables it checks names
 against (datasets, concepts, client mixes, corruptions), never the builders that read a
 configuration (label splits, the benchmark builder), so there is no cycle to dodge."""

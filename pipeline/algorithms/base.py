@@ -158,7 +158,7 @@ class Algorithm(ABC):
     ) -> torch.Tensor:
         """A non-participating client's ω from its labelled part. Hard-clustering default
         (protocol §2): the model with the lowest loss."""
-        return one_hot(int(losses.mean(0).argmin()), self.num_models)
+        return lowest_loss(losses, self.num_models)
 
     def assign_unlabeled(
         self, client: int, logits: torch.Tensor, images: torch.Tensor
@@ -266,6 +266,14 @@ def one_hot(index: int, size: int) -> torch.Tensor:
     row = torch.zeros(size, dtype=torch.float64)
     row[index] = 1.0
     return row
+
+
+def lowest_loss(losses: torch.Tensor, size: int, rows: list[int] | None = None) -> torch.Tensor:
+    """ω one-hot (of `size`) on the model among `rows` (default: all) with the lowest mean
+    loss over the client's samples, `losses` (N, K)."""
+    if rows is None:
+        return one_hot(int(losses.mean(0).argmin()), size)
+    return one_hot(rows[int(losses[:, rows].mean(0).argmin())], size)
 
 
 def hard_gamma(losses: torch.Tensor, cluster: int) -> torch.Tensor:

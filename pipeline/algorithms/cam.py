@@ -129,11 +129,6 @@ class IFCACAM(Algorithm):
         new[:g] = cluster.to(models.dtype)
         return new
 
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return one_hot(int(losses.mean(0).argmin()), self.num_models)
-
     def end_round(self) -> None:
         self.round += 1
 

@@ -23,7 +23,7 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.settings import Settings, positive, require
@@ -114,7 +114,7 @@ class CFL(HardClustering):
     def assign_held_out(
         self, client: int, losses: torch.Tensor, labels: torch.Tensor
     ) -> torch.Tensor:
-        return one_hot(int(losses[:, : self.clusters].mean(0).argmin()), self.num_models)
+        return lowest_loss(losses, self.num_models, list(range(self.clusters)))
 
     @property
     def can_split(self) -> bool:

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
 from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.errors import FedrcError
@@ -360,8 +360,7 @@ class FLUX(HardClustering):
     ) -> torch.Tensor:
         """With labels: the cluster model with the lowest loss (the authors' "known" accuracy
         uses the training membership, which a new client does not have)."""
-        used = max(self.clusters, 1)
-        return one_hot(int(losses[:, :used].mean(0).argmin()), self.num_models)
+        return lowest_loss(losses, self.num_models, list(range(max(self.clusters, 1))))
 
     # --- training and aggregation ---------------------------------------------------------
     def local_tasks(

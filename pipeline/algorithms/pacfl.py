@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
 from pipeline.settings import Settings, require
 
 LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum', 'minimum'
@@ -187,8 +187,7 @@ class PACFL(HardClustering):
     def assign_held_out(
         self, client: int, losses: torch.Tensor, labels: torch.Tensor
     ) -> torch.Tensor:
-        in_use = max(self.clusters, 1)
-        return one_hot(int(losses[:, :in_use].mean(0).argmin()), self.num_models)
+        return lowest_loss(losses, self.num_models, list(range(max(self.clusters, 1))))
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": self.clusters}

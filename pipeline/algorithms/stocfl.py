@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pipeline.algorithms.base import Algorithm, one_hot
+from pipeline.algorithms.base import Algorithm, lowest_loss, one_hot
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.settings import Settings, require
@@ -104,7 +104,7 @@ class StoCFL(Algorithm):
         held = self.held_rows()
         if not held:
             return self.omega[client]
-        return one_hot(held[int(losses[:, held].mean(0).argmin())], self.num_models)
+        return lowest_loss(losses, self.num_models, held)
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self._sampled.append(client)

@@ -7,7 +7,7 @@ sum is the stack of the gradients). SGD with momentum, weight decay and the prox
 written out on the stacked tensors with the same operations as `torch.optim.SGD`, so the numbers
 equal the sequential executor's up to float rounding (tests/test_batched.py).
 
-How the tasks are kept apart (DESIGN.md principle 3):
+How the tasks are kept apart (one computation for many small trainings is what a GPU needs):
 
 - Batches. Every task draws its batch order from its own `torch.Generator().manual_seed(seed)`
   exactly like the sequential executor, so both see the same batches. The whole schedule is

@@ -1,7 +1,7 @@
 """The sequential executor: one local training at a time, on one reused module.
 
 On a 2-core CPU the FMNIST CNN is compute-bound, and this plain loop is the fastest way to run
-it (DESIGN.md principle 3). It is also the reference that faster executors are checked against.
+it. It is also the reference that faster executors are checked against.
 """
 
 from __future__ import annotations
