@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pipeline.config import TrainConfig, build_config, read_params
-from pipeline.distributed import env_rank
+from pipeline.distributed import env_rank, launched, leaving_with_error
 from pipeline.errors import FedrcError
 
 # Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
@@ -89,6 +89,9 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except FedrcError as e:
+        if launched():  # every rank leaves with this error: see `leaving_with_error`
+            leaving_with_error()
+            previous = None
         raise fail(str(e)) from None
     except (KeyboardInterrupt, Terminated) as e:
         name = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"

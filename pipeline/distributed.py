@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -50,6 +52,16 @@ def env_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+def leaving_with_error() -> None:
+    """This rank exits with the error every rank agreed on: ignore SIGTERM from now on.
+
+    The ranks leave at nearly the same moment, yet torchrun's agent stops the others (SIGTERM)
+    as soon as it sees the first one exit; a rank still on its way out would then report 143
+    in place of the agreed error's 2. A process already leaving has nothing left to stop."""
+    if launched() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def active() -> Group | None:
@@ -215,5 +227,6 @@ class Group(Communicator):
         errors = self.all_gather_object(error)
         first = next((e for e in errors if e is not None), None)
         if first is not None:
+            leaving_with_error()
             raise FedrcError(first)
         return result

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -268,3 +269,22 @@ def test_under_torchrun_every_rank_gets_the_one_line(here: Path) -> None:
     finally:
         first.stdin.close()
         first.wait(timeout=30)
+
+
+def test_a_rank_leaving_with_the_agreed_error_keeps_its_exit_code_under_sigterm() -> None:
+    """torchrun's agent SIGTERMs the ranks still running once one has exited; a rank already
+    leaving with the error every rank agreed on must still exit 2 (the race behind the test
+    above: rank 0 slower to exit than rank 1 reported 143 or 1 in place of 2)."""
+    script = (
+        "import os, signal, sys\n"
+        "from pipeline.distributed import leaving_with_error\n"
+        "leaving_with_error()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.exit(2)\n"
+    )
+    launched = {**env(), "WORLD_SIZE": "2", "RANK": "0"}
+    done = subprocess.run([sys.executable, "-c", script], env=launched, cwd=ROOT, timeout=60)
+    assert done.returncode == 2
+    alone = {k: v for k, v in launched.items() if k not in ("WORLD_SIZE", "RANK")}
+    done = subprocess.run([sys.executable, "-c", script], env=alone, cwd=ROOT, timeout=60)
+    assert done.returncode == -signal.SIGTERM  # without torchrun nothing is ignored
