@@ -75,9 +75,11 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         page_path, text = pending.pop()
         for _, target in LINK.findall(text):
             found = _site_uri(page_path, target, repository)
-            if found is None or not found[0].startswith(PREFIX) or files.get_file_from_path(found[0]):
-                continue
+            if found is None or not found[0].startswith(PREFIX):
+                continue  # a web address, a page of docs/, or nothing (mkdocs reports it)
             site_uri, path = found
+            if files.get_file_from_path(site_uri):
+                continue  # published already
             if path.endswith("/index.md") and path not in repository:
                 content = _listing(path[: -len("/index.md")], repository)
                 files.append(File.generated(config, site_uri, content=content))
