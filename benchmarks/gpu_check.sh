@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check in one command: the tests marked `cuda`, then the speed and scale benchmarks at
-# the paper's scale (FMNIST CNN and CIFAR-10 MobileNetV2), printing the README's tables.
+# the paper's scale (FMNIST CNN and CIFAR-10 MobileNetV2), printing docs/performance.md's tables.
 # Planned to finish within 10 minutes on one H100 or H200.
 #
 #   bash benchmarks/gpu_check.sh              # on a machine with a GPU

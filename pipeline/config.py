@@ -64,7 +64,7 @@ def option(default: Any, help: str, default_factory: Any = None) -> Any:
 class PartitionConfig:
     """How `fedrc partition` builds the federated benchmark (FedRC appendix H.8, Fed-CAM §5).
 
-    The README's "Building benchmarks" lists every setting; `pipeline.data.label_splits`,
+    docs/benchmarks.md lists every setting; `pipeline.data.label_splits`,
     `concepts` and `client_mix` define them.
     """
 

@@ -88,7 +88,7 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
 
 
 def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
-    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (README,
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
     staged tasks) gets the plain loop under `auto` and refuses `batched`."""

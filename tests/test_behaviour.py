@@ -70,7 +70,7 @@ def test_adaptive_fedrc_from_six_models_ends_with_one_per_concept(
 ) -> None:
     """Adaptive K: δ removes the models nobody picks, `merge_gap` the second copy of a concept
     (with δ alone, 30 clients kept 5 models for 60 rounds: two concepts each split ~50/50
-    between two interchangeable models, see the README)."""
+    between two interchangeable models, see docs/algorithms.md, Adaptive K)."""
     run = train(
         concept_data, tmp_path / "adaptive", rounds=12, algorithm="fedrc", clusters=6,
         prune_threshold=0.05, prune_after=8, merge_gap=0.5,
