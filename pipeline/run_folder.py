@@ -93,7 +93,7 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
             live.unlink()
     present = [p for p in rf.train_outputs(out) if p.exists()]
     checkpoint, model = (out / rf.CHECKPOINT).is_file(), (out / rf.MODEL).is_file()
-    if present and not checkpoint and not model:  # killed before its first checkpoint
+    if present and not checkpoint and not model and not overwrite:  # stopped early: say so
         names = ", ".join(p.name for p in present)
         warnings.warn(
             FedrcWarning(
