@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from rich.markup import escape
 
 from pipeline.config import TrainConfig, build_config, read_params
 from pipeline.distributed import env_rank, launched, leaving_with_error
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, FedrcWarning
 
 # Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
 console = Console(quiet=env_rank() > 0)
@@ -75,9 +76,33 @@ def out_of_memory(error: BaseException) -> bool:
     )
 
 
+def warning_line(message: str) -> None:
+    line = f"[bold yellow]Warning:[/] {escape(message)}"
+    error_console.print(line, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def fedrc_warnings() -> Iterator[None]:
+    """A FedrcWarning raised inside is one yellow line on stderr, each time; other warnings
+    are shown as Python shows them."""
+    with warnings.catch_warnings():  # restores showwarning and the filters on the way out
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            if issubclass(category, FedrcWarning):
+                warning_line(str(message))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.simplefilter("always", FedrcWarning)
+        warnings.showwarning = show
+        yield
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Problems a user can fix become one red line on stderr; bugs keep their traceback.
+    """Problems a user can fix become one red line on stderr; bugs keep their traceback;
+    warnings a user should read are one yellow line (`fedrc_warnings`).
 
     A FedrcError exits with 2, a full disk or GPU memory with 1, Ctrl-C with 130 and SIGTERM
     with 143: every stage writes through a temporary path, so what was there stays intact.
@@ -87,7 +112,8 @@ def user_errors() -> Iterator[None]:
     except ValueError:  # not the main thread: leave SIGTERM alone
         previous = None
     try:
-        yield
+        with fedrc_warnings():
+            yield
     except FedrcError as e:
         if launched():  # every rank leaves with this error: see `leaving_with_error`
             leaving_with_error()
@@ -187,9 +213,9 @@ def _unwritable(path: Path, folder: bool, probe: bool = True) -> str | None:
     """Why `path` (a folder if `folder`, else a file) cannot be written, or None.
 
     Creates nothing that stays: it walks up to the nearest existing ancestor, which must be a
-    folder, writable and not on a read-only mount, and (with `probe`) creates and removes an
+    folder, not on a read-only mount and writable, and (with `probe`) creates and removes an
     empty folder there, which finds what os.access misses for root (/proc, /sys, read-only
-    mounts).
+    mounts). A read-only mount is named before permissions: os.access says no there too.
     """
     node = path
     while not os.path.lexists(node) and node.parent != node:
@@ -205,8 +231,6 @@ def _unwritable(path: Path, folder: bool, probe: bool = True) -> str | None:
     else:
         places = [node]
     for place in places:
-        if not os.access(place, os.W_OK | os.X_OK):
-            return "permission denied"
         if os.statvfs(place).f_flag & os.ST_RDONLY:
             return "read-only file system"
         if probe:
@@ -216,6 +240,8 @@ def _unwritable(path: Path, folder: bool, probe: bool = True) -> str | None:
                 if e.errno in UNWRITABLE:
                     return UNWRITABLE[e.errno]
                 # anything else (a full disk) is left to the write itself
+        if not os.access(place, os.W_OK | os.X_OK):
+            return "permission denied"
     return None
 
 
@@ -253,7 +279,9 @@ def writing(
     """The outputs `option` names: checked before the work (`writable_output`) if `check`, and
     an error that only shows when writing them (a read-only mount) is one line, exit 2.
 
-    The stages write through temporary paths, so a refused write leaves the old output as it was.
+    The stages write through temporary paths, so a refused write leaves the old output as it
+    was; folders made for the outputs are removed again, while empty, whatever stopped the
+    command (a full disk, Ctrl-C).
     """
     for path in paths:
         check_names(option, path)  # even unchecked: a long name breaks every check
@@ -268,16 +296,25 @@ def writing(
     try:
         yield
     except OSError as e:
+        _remove_empty(new)
         path = _concerned(e, paths) if e.errno in UNWRITABLE else None
         if path is None:
             raise
-        for created in new:
-            try:
-                created.rmdir()  # only if empty: what the command wrote before stays
-            except OSError:
-                break
-        reason = _unwritable(Path(path), folder, probe=False) or UNWRITABLE[e.errno]
-        raise FedrcError(f"{option}: {path}: {reason}") from None
+        # the errno says a read-only mount for sure; os.access would call it permission denied
+        found = None if e.errno == errno.EROFS else _unwritable(Path(path), folder, probe=False)
+        raise FedrcError(f"{option}: {path}: {found or UNWRITABLE[e.errno]}") from None
+    except BaseException:
+        _remove_empty(new)
+        raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty: what was written there stays."""
+    for created in folders:
+        try:
+            created.rmdir()
+        except OSError:
+            break
 
 
 def is_terminal() -> bool:

@@ -23,6 +23,7 @@ from fedrc_cli.options import dataclass_options, with_options
 from fedrc_cli.progress import run_with_progress
 from pipeline.algorithms import num_models
 from pipeline.config import TrainConfig, read_params
+from pipeline.errors import FedrcError
 from pipeline.resolve import resumed, train_config
 from pipeline.run_files import CONFIG, checkpoint_round
 from pipeline.stages import run_config, train_stage
@@ -114,7 +115,12 @@ def stopped_message(error: BaseException, config: TrainConfig, completed: int | 
     saved = checkpoint_round(Path(config.out))
     if saved is None:
         return f"{name} {where}; no checkpoint yet: start again with --overwrite"
+    try:  # an extension of a finished run stopped before its first checkpoint: config.json
+        recorded = run_config(Path(config.out), "--out").rounds  # still has the old rounds
+    except FedrcError:
+        recorded = config.rounds
+    more = "" if recorded == config.rounds else f" --rounds {config.rounds}"
     return (
         f"{name} {where}; last checkpoint: round {saved}; continue with: "
-        f"fedrc train --out {config.out} --resume"
+        f"fedrc train --out {config.out} --resume{more}"
     )

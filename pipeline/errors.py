@@ -6,3 +6,8 @@ class FedrcError(Exception):
 
     The message names the option or file and says what was expected.
     """
+
+
+class FedrcWarning(UserWarning):
+    """Something a user should know that does not stop the command: the CLI prints the
+    message on one line (`warnings.warn(FedrcWarning(...))` in the library)."""

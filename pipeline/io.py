@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,40 @@ def naming(path: Path) -> Iterator[None]:
         raise
 
 
+def user_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) -> list[Path]:
+    """The temporary files and folders that killed atomic writes of `names` (and of names
+    matching the glob `patterns`) left in `folder`: `.NAME.tmp-*` (`atomic_file`, `atomic_dir`)
+    and `.NAME.old-*` (`atomic_dir`, between its two renames)."""
+    found: set[Path] = set()
+    for stem in [*map(glob.escape, names), *patterns]:
+        for kind in ("tmp", "old"):
+            found.update(folder.glob(f".{stem}.{kind}-*"))
+    return sorted(found)
+
+
+def remove_leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) -> None:
+    """Remove `leftovers(folder, names, patterns)`; call it only while holding the folder's
+    writer lock (`pipeline.run_lock`), so that no live write's temporary path is among them."""
+    for path in leftovers(folder, names, patterns):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; on success it replaces `target` whole."""
     with naming(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        tmp.chmod(0o777 & ~user_umask())  # mkdtemp makes 0700 folders; the user's umask rules
     try:
         with naming(target):
             yield tmp
@@ -54,9 +83,7 @@ def atomic_file(target: Path) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
+    tmp.chmod(0o666 & ~user_umask())  # mkstemp makes 0600 files; give the usual permissions
     try:
         with naming(target):
             yield tmp

@@ -26,6 +26,7 @@ from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.errors import FedrcError
 
 GB = 1e9
+LIVE_FILE = ".momentum-rank{rank}.npy"  # a place's buffers while it trains, in the run folder
 
 
 class MomentumStore:
@@ -47,7 +48,7 @@ class MomentumStore:
         self._buffers: np.memmap | None = None
         if folder is not None:
             mine = [c for c in clients if comm.owns(c)]
-            self._open(folder / f".momentum-rank{comm.rank}.npy", mine)
+            self._open(folder / LIVE_FILE.format(rank=comm.rank), mine)
 
     @property
     def enabled(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ from pipeline.evaluate import (
     summarize,
     unlabeled_omega,
 )
-from pipeline.io import atomic_files
+from pipeline.io import atomic_files, remove_leftovers
 from pipeline.models.layout import head_range
 from pipeline.resolve import from_values, recorded_identity
+from pipeline.run_folder import EVAL_FILES, PLOTS
 from pipeline.run_lock import writer_lock
 from pipeline.training import make_executor, resolve_device, run_training
 
@@ -44,6 +46,8 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
     would no longer evaluate); a folder holding anything else is never replaced."""
     with writer_lock(config.out, "--out", "fedrc partition", beside=True):
         check_partition_out(Path(config.out), overwrite)
+        out = Path(os.path.abspath(config.out))  # "." and "x/.." have a name here
+        remove_leftovers(out.parent, [out.name])  # a killed partition's temporary folder
         return write_benchmark(config, load_dataset(config.dataset, config.data_root))
 
 
@@ -92,6 +96,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     """eval.json: accuracies at the best-train round and the last round, concept and label
     purity; per client. The run folder is held while it is scored (`pipeline.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc eval", create=False):
+        remove_leftovers(Path(config.run), EVAL_FILES)  # a killed eval's temporary files
         return _evaluate(config)
 
 
@@ -209,6 +214,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
 def plot_stage(config: PlotConfig) -> list[Path]:
     """plots/ in the run folder, which is held while it is drawn (`pipeline.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc plot", create=False):
+        remove_leftovers(Path(config.run), [PLOTS])  # a killed plot's temporary folder
         return _plot(config)
 
 

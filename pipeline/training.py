@@ -15,8 +15,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -37,15 +37,15 @@ from pipeline.data.shards import FederatedData, data_digest, load_federated, rea
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.evaluate import evaluate_round, per_sample_losses
 from pipeline.io import write_json
-from pipeline.live import FOLDER as LIVE_FOLDER
 from pipeline.live import round_logger
 from pipeline.models import build_model
 from pipeline.models.layout import head_range
 from pipeline.momentum import MomentumStore
 from pipeline.resolve import recorded_identity
+from pipeline.run_folder import open_run_dir
 from pipeline.run_lock import writer_lock
 from pipeline.time_steps import ends_step, step_of
 
@@ -274,22 +274,17 @@ def train_and_fold(run: Run, round_: int, jobs: Iterator[Job]) -> torch.Tensor:
     return loss_sum
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    if resume:
-        if not (out / rf.CHECKPOINT).is_file():
-            raise FedrcError(f"--resume: no checkpoint in {out}")
-        return
-    owned = rf.train_outputs(out)
-    if any(p.exists() for p in owned):
-        if not overwrite:
-            raise FedrcError(
-                f"--out: {out} already holds a run; pass --resume to continue it or "
-                "--overwrite to start again"
-            )
-        for p in owned:  # only train's own files: eval and plot outputs belong to their stages
-            p.unlink(missing_ok=True)
-        shutil.rmtree(out / LIVE_FOLDER, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+def warn_spare_models(run: Run, data: str) -> None:
+    """K above the number of participating clients: some clusters can have no client."""
+    k, clients = run.algorithm.num_models, len(run.data.participating)
+    if k > clients:
+        warnings.warn(
+            FedrcWarning(
+                f"--clusters: K = {k} exceeds the {clients} participating clients of {data}; "
+                f"at least {k - clients} clusters will have no client of their own"
+            ),
+            stacklevel=2,
+        )
 
 
 def expected_state(run: Run, out: Path) -> rf.Expected:
@@ -489,12 +484,15 @@ def _train_run(
         )
         data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
     config = config.over_steps(data.time_steps)  # the rounds of each time step, fixed
-    comm.agree(lambda: prepare_run_dir(out, resume, overwrite), everywhere=False)
+    opened = comm.agree(lambda: open_run_dir(out, resume, overwrite), everywhere=False)
+    resume = comm.broadcast_object(opened)  # a run stopped before its checkpoint starts over
     digest = data_digest(data.manifest)
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
     run = comm.agree(lambda: build_run(config, data, comm, out, executor_factory))
+    if main:
+        warn_spare_models(run, config.data)
     live = None
     try:
         start, cached, eval_rounds, history = 0, None, [], []
@@ -513,12 +511,30 @@ def _train_run(
                 cached = state.cached_logits.to(comm.device)
             if main:
                 rf.truncate_metrics(out / rf.METRICS, start)
+        # Extending a finished run: its files stay as they were (whole) until the extension's
+        # first checkpoint, where model.pt goes, then config.json, the rounds' rows and the
+        # checkpoint come: a kill anywhere leaves a folder that `--resume` continues.
+        pending: list[dict[str, Any]] | None = None
+        if main and resume and (out / rf.MODEL).is_file() and start < config.rounds:
+            pending = []
         if main:
-            write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
+            if pending is None:
+                write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
             logged = rf.read_metrics(out / rf.METRICS) if resume else []
             live = round_logger(out, logged)
         every = checkpoint_interval(config, run)
         full, steps, per_step = data, data.time_steps, config.rounds_per_step
+
+        def record(rows: list[dict[str, Any]]) -> None:
+            """metrics.jsonl, assignments.parquet and DVCLive (the main place)."""
+            for row in rows:
+                rf.append_metrics(out / rf.METRICS, row)
+                if live is not None:
+                    live(row)
+            rounds_steps = [step_of(r, per_step, steps) for r in eval_rounds]
+            rf.write_assignments(
+                out / rf.ASSIGNMENTS, eval_rounds, history, full.clients, rounds_steps
+            )
 
         for round_ in range(start + 1, config.rounds + 1):
             tic = time.perf_counter()
@@ -542,15 +558,16 @@ def _train_run(
                 row.update(scores)
             at = {"step": step} if steps > 1 else {}
             row = {"round": round_, **at, **row, "seconds": time.perf_counter() - tic}
-            if main:
-                rf.append_metrics(out / rf.METRICS, row)
-                rounds_steps = [step_of(r, per_step, steps) for r in eval_rounds]
-                rf.write_assignments(
-                    out / rf.ASSIGNMENTS, eval_rounds, history, full.clients, rounds_steps
-                )
-                if live is not None:
-                    live(row)
+            if main and pending is not None:
+                pending.append(row)
+            elif main:
+                record([row])
             if round_ % every == 0 or round_ == config.rounds:
+                if pending is not None:  # the run is unfinished from here on
+                    (out / rf.MODEL).unlink(missing_ok=True)
+                    write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
+                    record(pending)
+                    pending = None
                 save_checkpoint(run, out, identity, round_, eval_rounds, history, cached)
             if main and on_round is not None:
                 on_round(row)

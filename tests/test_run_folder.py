@@ -1,0 +1,319 @@
+"""A run folder is whole or restartable, and fedrc writes only into its own folders.
+
+A failed extension of a finished run leaves it as it was; a run stopped before its first
+checkpoint is started over; the temporary files of killed writes are removed by the next run
+of the command that left them; `fedrc train` refuses a folder that is not a run. And the
+smaller promises: folders get the user's umask, K above the number of clients is a warning,
+a read-only file system is named as such, and a failed command leaves no empty folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+import types
+from pathlib import Path
+
+import pytest
+from conftest import snapshot
+from typer.testing import CliRunner
+
+import fedrc_cli.common as common
+from fedrc_cli.app import app
+from pipeline import run_files as rf
+from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
+from pipeline.errors import FedrcError
+from pipeline.io import atomic_dir
+from pipeline.resolve import make_config
+from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
+
+runner = CliRunner()
+PART = dict(dataset="synthetic", clients=6, samples_per_client=40, holdout_samples=30)
+PART_ARGS = [x for k, v in PART.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+TRAIN = ["--data", "d", "--algorithm", "fedrc", "--local-epochs", "1", "--batch-size", "16"]
+TRAIN += ["--lr", "0.05", "--clusters", "2", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """d: a tiny partition; r: a finished 2-round fedrc run on it, evaluated and plotted."""
+    root = tmp_path_factory.mktemp("world")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        partition_stage(PartitionConfig(**PART, out="d"))
+        settings = dict(rounds=2, local_epochs=1, batch_size=16, lr=0.05, clusters=2)
+        train_stage(make_config(data="d", algorithm="fedrc", out="r", device="cpu", **settings))
+        eval_stage(EvalConfig(run="r"))
+        plot_stage(PlotConfig(run="r", dpi=30))
+    return root
+
+
+@pytest.fixture
+def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "w"
+    shutil.copytree(world, root)
+    monkeypatch.chdir(root)
+    return root
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def stderr_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def refused(result, *culprits: str, code: int = 2) -> str:
+    """One error line naming every culprit, exit `code`, no traceback."""
+    assert result.exit_code == code, result.output
+    lines = stderr_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
+    assert "Traceback" not in result.output
+    for culprit in culprits:
+        assert culprit in lines[0], (culprit, lines[0])
+    return lines[0]
+
+
+def run_files(root: Path) -> dict[str, str]:
+    """The run folder r, less DVCLive's view of it (rewritten from metrics.jsonl)."""
+    return {k: v for k, v in snapshot(root / "r").items() if not k.startswith("dvclive")}
+
+
+# ---- 5: whole or restartable -------------------------------------------------------------------
+
+
+def test_a_failed_extension_leaves_the_finished_run_whole(here: Path, monkeypatch) -> None:
+    """`--resume --rounds 3` on a finished 2-round run, stopped in round 3: config.json, model.pt,
+    metrics.jsonl and the rest are byte for byte as they were; the message says how to go on."""
+    import pipeline.training as training
+
+    real = training.train_round
+
+    def ctrl_c_in_round_3(round_, *args):
+        if round_ == 3:
+            raise KeyboardInterrupt
+        return real(round_, *args)
+
+    before = run_files(here)
+    monkeypatch.setattr(training, "train_round", ctrl_c_in_round_3)
+    line = refused(invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume"), code=130)
+    assert "last checkpoint: round 2" in line and "--resume --rounds 3" in line
+    assert run_files(here) == before
+    assert json.loads(Path("r/config.json").read_text())["rounds"] == 2
+
+    monkeypatch.setattr(training, "train_round", real)
+    result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
+    assert result.exit_code == 0, result.output
+    assert json.loads(Path("r/config.json").read_text())["rounds"] == 3
+    assert rf.load_state(Path("r/model.pt"))["round"] == 3
+
+
+def test_an_extension_stopped_at_its_checkpoint_is_resumable(here: Path, monkeypatch) -> None:
+    """Past the point where the extension writes its files, the folder is an unfinished 3-round
+    run, not a 2-round model beside a 3-round config.json: a plain `--resume` finishes it."""
+    real = Path.write_bytes
+
+    def disk_full_at_checkpoint(self, data):
+        if self.name.startswith(".checkpoint.pt.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full_at_checkpoint)
+    result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
+    refused(result, "r/checkpoint.pt: no space left", code=1)
+    assert json.loads(Path("r/config.json").read_text())["rounds"] == 3
+    assert not Path("r/model.pt").exists()  # not a finished run any more
+    assert rf.load_state(Path("r/checkpoint.pt"))["round"] == 2
+    monkeypatch.setattr(Path, "write_bytes", real)
+    result = invoke("train", *TRAIN, "--out", "r", "--resume")
+    assert result.exit_code == 0, result.output
+    assert rf.load_state(Path("r/model.pt"))["round"] == 3
+    assert [r["round"] for r in rf.read_metrics(Path("r/metrics.jsonl"))] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("how", [[], ["--resume"]])
+def test_a_run_stopped_before_its_first_checkpoint_starts_over(here: Path, how) -> None:
+    """What a run killed in round 1 leaves (config.json, a torn metrics line, a momentum file
+    being written): neither resumable nor worth keeping. The same command starts it over and
+    says so in one line; nothing else needs --overwrite."""
+    Path("k").mkdir()
+    config = json.loads(Path("r/config.json").read_text())
+    Path("k/config.json").write_text(json.dumps({**config, "out": "k", "rounds": 1}))
+    Path("k/metrics.jsonl").write_text('{"round": 1, "train_lo')
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "k", *how)
+    assert result.exit_code == 0, result.output
+    lines = stderr_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("Warning: --out: k holds a run stopped"), lines
+    assert "before its first checkpoint (config.json, metrics.jsonl); starting it over" in lines[0]
+    assert [r["round"] for r in rf.read_metrics(Path("k/metrics.jsonl"))] == [1]
+    assert rf.load_state(Path("k/model.pt"))["round"] == 1
+
+
+def test_a_finished_run_still_needs_resume_or_overwrite(here: Path) -> None:
+    before = snapshot(here)
+    refused(invoke("train", *TRAIN, "--rounds", "2", "--out", "r"), "already holds a run")
+    Path("r/checkpoint.pt").unlink()  # model.pt alone: finished, but not resumable
+    refused(invoke("train", *TRAIN, "--out", "r", "--resume"), "--resume: no checkpoint in r")
+    del before["r/checkpoint.pt"]
+    assert snapshot(here) == before
+
+
+LEFTOVERS = {  # what killed writes leave, by the command whose next run removes them
+    "train": [
+        "r/.checkpoint.pt.tmp-k1ll3d00",
+        "r/.model.pt.tmp-k1ll3d01",
+        "r/.config.json.tmp-k1ll3d02",
+        "r/.metrics.jsonl.tmp-k1ll3d03",
+        "r/.assignments.parquet.tmp-k1ll3d04",
+        "r/.checkpoint-momentum-r2.npy.tmp-4242",
+        "r/.momentum-rank0.npy",
+    ],
+    "eval": ["r/.eval.json.tmp-k1ll3d05", "r/.eval_clients.json.tmp-k1ll3d06"],
+    "plot": ["r/.plots.tmp-k1ll3d07/", "r/.plots.old-4242/"],
+    "partition": [".d.tmp-k1ll3d08/", ".d.old-4242/"],
+}
+COMMANDS = {
+    "train": ["train", *TRAIN, "--rounds", "2", "--out", "r", "--resume"],
+    "eval": ["eval", "--run", "r"],
+    "plot": ["plot", "--run", "r", "--dpi", "30"],
+    "partition": ["partition", *PART_ARGS, "--out", "d", "--overwrite"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_the_next_run_removes_the_leftovers_of_killed_writes(here: Path, command: str) -> None:
+    for name in (n for names in LEFTOVERS.values() for n in names):
+        if name.endswith("/"):
+            Path(name).mkdir()
+            (Path(name) / "half.parquet").write_bytes(b"PAR1")
+        else:
+            Path(name).write_bytes(b"half")
+    Path(".d.keep").write_text("mine")  # a user's file beside the benchmark stays
+    result = invoke(*COMMANDS[command])
+    assert result.exit_code == 0, result.output
+    for owner, names in LEFTOVERS.items():
+        for name in names:
+            assert Path(name).exists() != (owner == command), (command, name)
+    assert Path(".d.keep").read_text() == "mine"
+
+
+NOT_RUNS = {
+    "benchmark": ("d", ["holds a fedrc benchmark (manifest.json), not a run"]),
+    "own files": ("mine", ["holds files that are not a fedrc run (notes.txt)"]),
+    "foreign config": ("conf", ["holds files that are not a fedrc run (config.json)"]),
+}
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("case", list(NOT_RUNS))
+def test_train_refuses_a_folder_that_is_not_a_run(here: Path, case: str, overwrite) -> None:
+    Path("mine").mkdir()
+    Path("mine/notes.txt").write_text("my notes")
+    Path("conf").mkdir()
+    Path("conf/config.json").write_text('{"learning": "rate"}')
+    out, culprits = NOT_RUNS[case]
+    before = snapshot(here)
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", out, *overwrite)
+    refused(result, f"--out: {out} ", *culprits, "choose another --out")
+    assert snapshot(here) == before
+
+
+def test_a_run_folder_with_dvc_and_stage_outputs_is_a_run(here: Path) -> None:
+    """What `dvc repro` leaves in a run folder after removing train's outputs (.gitignore,
+    DVCLive's folder, eval's and plot's outputs) does not make it foreign."""
+    Path("r/.gitignore").write_text("/model.pt\n/checkpoint.pt\n")
+    for path in rf.train_outputs(Path("r")):
+        path.unlink()
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "r")
+    assert result.exit_code == 0, result.output
+    assert Path("r/eval.json").exists() and Path("r/plots").is_dir()
+
+
+# ---- 6: the smaller ones -----------------------------------------------------------------------
+
+
+def test_folders_get_the_users_umask(here: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        partition_stage(PartitionConfig(**PART, out="u"))
+        plot_stage(PlotConfig(run="r", dpi=30))
+    finally:
+        os.umask(previous)
+    assert Path("u").stat().st_mode & 0o777 == 0o755
+    assert Path("r/plots").stat().st_mode & 0o777 == 0o755
+
+
+def test_more_clusters_than_clients_is_a_one_line_warning(here: Path) -> None:
+    args = ["train", *TRAIN, "--rounds", "1", "--out", "k8"]
+    result = invoke(*args, "--clusters", "8")
+    assert result.exit_code == 0, result.output
+    lines = stderr_lines(result)
+    assert lines == [
+        "Warning: --clusters: K = 8 exceeds the 6 participating clients of d; at least 2 "
+        "clusters will have no client of their own"
+    ], result.output
+    result = invoke(*args, "--clusters", "6", "--overwrite")
+    assert result.exit_code == 0 and not stderr_lines(result), result.output
+
+
+def read_only_statvfs(path):
+    return types.SimpleNamespace(f_flag=os.ST_RDONLY)
+
+
+def erofs(*args, **kwargs):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+
+@pytest.mark.parametrize("seen_by", ["statvfs", "probe"])
+def test_a_read_only_file_system_is_named_as_such(here: Path, monkeypatch, seen_by: str) -> None:
+    """For a user other than root, os.access says no on a read-only mount too: the mount is
+    named, not "permission denied"."""
+    monkeypatch.setattr(common.os, "access", lambda *args, **kwargs: False)
+    if seen_by == "statvfs":
+        monkeypatch.setattr(common.os, "statvfs", read_only_statvfs)
+    else:
+        monkeypatch.setattr(common.tempfile, "mkdtemp", erofs)
+    before = snapshot(here)
+    refused(invoke("train", *TRAIN, "--out", "ro/x"), "--out: ro/x: read-only file system")
+    refused(invoke("report", "r", "--out", "rep"), "--out: rep: read-only file system")
+    assert snapshot(here) == before
+
+
+def test_a_read_only_write_is_named_as_such(tmp_path: Path, monkeypatch) -> None:
+    """Refused only when written (a mount that statvfs does not flag): the errno says it."""
+    target = tmp_path / "out"
+    message = r"^--out: .*/out: read-only file system$"
+    with pytest.raises(FedrcError, match=message), common.writing("--out", target):
+        monkeypatch.setattr(common.os, "access", lambda *args, **kwargs: False)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target / "x.json"))
+    assert not target.exists()
+
+
+def test_report_leaves_no_empty_folder_when_the_disk_is_full(here: Path, monkeypatch) -> None:
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    before = snapshot(here)
+    monkeypatch.setattr(Path, "write_text", enospc)
+    line = refused(invoke("report", "r", "--out", "reports/today"), code=1)
+    assert "no space left" in line
+    assert snapshot(here) == before  # neither reports/ nor reports/today
+
+
+def test_atomic_dir_and_tempfile_modes_match_plain_mkdir(tmp_path: Path) -> None:
+    """The reference the umask test relies on: a plain mkdir under the same umask."""
+    previous = os.umask(0o027)
+    try:
+        (tmp_path / "plain").mkdir()
+        made = Path(tempfile.mkdtemp(dir=tmp_path))
+        with atomic_dir(tmp_path / "atomic"):
+            pass
+    finally:
+        os.umask(previous)
+    assert made.stat().st_mode & 0o777 == 0o700  # mkdtemp ignores the umask
+    plain = (tmp_path / "plain").stat().st_mode & 0o777
+    assert (tmp_path / "atomic").stat().st_mode & 0o777 == plain == 0o750
