@@ -17,6 +17,14 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def test_help_and_a_check_that_writes_nothing(here: Path) -> None:
+    assert "resolved configuration" in CliRunner().invoke(app, ["check", "--help"]).output
+    (here / "params.yaml").write_text(PARAMS)
+    result = CliRunner().invoke(app, ["check"])
+    assert result.exit_code == 0 and "fedavg, 3 rounds" in result.output, result.output
+    assert [p.name for p in here.iterdir()] == ["params.yaml"]
+
+
 def test_check_writes_each_stages_resolved_configuration(here: Path) -> None:
     (here / "params.yaml").write_text(PARAMS)
     result = CliRunner().invoke(app, ["check", "--out", "resolved"])
