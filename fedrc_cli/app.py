@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fedrc_cli.check import check
 from fedrc_cli.evaluate import evaluate
 from fedrc_cli.flower import flower
 from fedrc_cli.info import info
@@ -47,6 +48,7 @@ app.command(no_args_is_help=False)(train)
 app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
 app.command(no_args_is_help=False)(info)
+app.command(no_args_is_help=False)(check)
 app.command(no_args_is_help=True)(report)
 app.add_typer(flower)
 

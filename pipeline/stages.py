@@ -12,7 +12,14 @@ import numpy as np
 from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.checks import require_finite
-from pipeline.config import EvalConfig, PartitionConfig, PlotConfig, TrainConfig
+from pipeline.config import (
+    EvalConfig,
+    PartitionConfig,
+    PlotConfig,
+    TrainConfig,
+    build_config,
+    config_dict,
+)
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
@@ -31,12 +38,40 @@ from pipeline.evaluate import (
 )
 from pipeline.io import atomic_files, remove_leftovers
 from pipeline.models.layout import head_range
-from pipeline.resolve import from_values, recorded_identity
+from pipeline.resolve import from_values, recorded_identity, train_config
 from pipeline.run_folder import EVAL_FILES, PLOTS
 from pipeline.run_lock import writer_lock
 from pipeline.training import make_executor, resolve_device, run_training
 
-__all__ = ["eval_stage", "partition_stage", "plot_stage", "run_training", "train_stage"]
+__all__ = [
+    "check_stage",
+    "eval_stage",
+    "partition_stage",
+    "plot_stage",
+    "run_training",
+    "train_stage",
+]
+CHECKED = ("partition", "train", "eval", "plot")
+
+
+def check_stage(params: dict[str, Any], out: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Each stage's configuration as its command would build it from `params` (no options).
+
+    A DVC pipeline runs this first: a bad key or value stops it here, before DVC removes the
+    outputs of the stage it would rerun. With `out`, each configuration is written to
+    `out/<stage>.json` (all files or none): a stage depends on its own file, so it runs after
+    the check and only when its own section's values change."""
+    resolved = {
+        "partition": config_dict(build_config(PartitionConfig, params)),
+        "train": config_dict(train_config(params)),
+        "eval": config_dict(build_config(EvalConfig, params)),
+        "plot": config_dict(build_config(PlotConfig, params)),
+    }
+    if out is not None:
+        with atomic_files(*(out / f"{name}.json" for name in CHECKED)) as tmps:
+            for tmp, name in zip(tmps, CHECKED):
+                tmp.write_text(json.dumps(resolved[name], indent=2, sort_keys=True) + "\n")
+    return resolved
 
 
 def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifest:

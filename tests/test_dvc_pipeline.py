@@ -1,6 +1,9 @@
 """The real dvc.yaml on tiny synthetic params, in a scratch Git repository: `dvc repro`, clean
-`dvc metrics show` / `dvc plots show`, and another algorithm as a DVC experiment."""
+`dvc metrics show` / `dvc plots show`, a params.yaml typo that must cost nothing, and two
+algorithms as DVC experiments in the same columns of `dvc exp show`."""
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -12,22 +15,60 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_PARAMS = """
-partition: {dataset: synthetic, clients: 10, samples_per_client: 40, holdout_samples: 100,
-            out: data/federated}
-train: {algorithm: fedrc, data: data/federated, rounds: 2, local_epochs: 1, batch_size: 16,
-        clusters: 2, lr: 0.05, device: cpu}
-eval: {}
-plot: {dpi: 50}
+partition:
+  dataset: synthetic
+  clients: 10
+  samples_per_client: 40
+  holdout_samples: 100
+  out: data/federated
+train:
+  algorithm: fedrc
+  data: data/federated
+  rounds: 2
+  local_epochs: 1
+  batch_size: 16
+  clusters: 2
+  lr: 0.05
+  device: cpu
+  out: runs/pipeline
+eval:
+  run: runs/pipeline
+plot:
+  run: runs/pipeline
+  dpi: 50
 """
 WARNINGS = ("failed", "warning", "error")
-
-
-@pytest.mark.skipif(
+RUN = "runs/pipeline"
+pytestmark = pytest.mark.skipif(
     shutil.which("dvc", path=str(Path(sys.executable).parent)) is None
     and shutil.which("dvc") is None,
     reason="dvc is not installed",
 )
-def test_dvc_repro_metrics_plots_and_an_experiment(tmp_path: Path) -> None:
+
+
+def test_params_survive_dvc_rewriting_them(tmp_path: Path) -> None:
+    """`dvc exp run -S` loads params.yaml and writes it back: the file is written the way DVC
+    writes it, so that only the line it sets changes."""
+    from dvc.utils.hydra import apply_overrides
+
+    original = (ROOT / "params.yaml").read_text().splitlines()
+    for override, line in (("train.algorithm=fedavg", "  algorithm: fedavg"),
+                           ("train.rounds=3", "  rounds: 3")):  # fmt: skip
+        copy = tmp_path / "params.yaml"
+        copy.write_text("\n".join(original) + "\n")
+        apply_overrides(str(copy), [override])
+        changed = copy.read_text().splitlines()
+        assert len(changed) == len(original)
+        assert [b for a, b in zip(original, changed) if a != b] == [line]
+
+
+def run_files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("dvc")
     for item in ("dvc.yaml", "pipeline", "fedrc_cli", "experiments"):
         source = ROOT / item
         outputs = ("runs", "data", "report") if item == "experiments" else ()
@@ -36,46 +77,92 @@ def test_dvc_repro_metrics_plots_and_an_experiment(tmp_path: Path) -> None:
             shutil.copytree(source, tmp_path / item, ignore=ignore)
         else:
             shutil.copy(source, tmp_path / item)
-    (tmp_path / "params.yaml").write_text(TINY_PARAMS)
+    (tmp_path / "params.yaml").write_text(TINY_PARAMS.lstrip())
     (tmp_path / ".gitignore").write_text("__pycache__/\n")
+    for command in (("git", "init", "-q"), ("dvc", "init", "-q")):
+        assert run(tmp_path, *command).returncode == 0
+    assert run(tmp_path, "git", "add", "-A").returncode == 0
+    assert run(tmp_path, "git", "commit", "-qm", "scratch").returncode == 0
+    result = run(tmp_path, "dvc", "repro")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return tmp_path
+
+
+def run(where: Path, *args: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(where),  # the copied code, not wherever fedrc is installed from
         "DVC_NO_ANALYTICS": "1",
         "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@t",
     }  # fmt: skip
-    run = lambda *a: subprocess.run(a, cwd=tmp_path, env=env, capture_output=True, text=True)  # noqa: E731
-    for command in (("git", "init", "-q"), ("dvc", "init", "-q")):
-        assert run(*command).returncode == 0
-    assert run("git", "add", "-A").returncode == 0
-    assert run("git", "commit", "-qm", "scratch").returncode == 0
+    return subprocess.run(args, cwd=where, env=env, capture_output=True, text=True)
 
-    result = run("dvc", "repro")
-    assert result.returncode == 0, result.stdout + result.stderr
-    metrics = json.loads((tmp_path / "runs/fedrc/eval.json").read_text())
+
+def test_a_params_typo_leaves_the_last_run_intact(scratch: Path) -> None:
+    """`dvc repro` after a misspelt key: the check stage refuses it before DVC removes any
+    output, and the trained run stays as it was, file for file."""
+    before = run_files(scratch / RUN)
+    assert {"model.pt", "checkpoint.pt", "metrics.jsonl", "config.json", "eval.json"} <= set(before)
+    params = (scratch / "params.yaml").read_text()
+    (scratch / "params.yaml").write_text(params.replace("rounds: 2", "rouns: 3"))
+    try:
+        result = run(scratch, "dvc", "repro")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0 and "Error: train.rouns: unknown key" in output, output
+        assert "Running stage 'train'" not in output
+        assert run_files(scratch / RUN) == before
+    finally:
+        (scratch / "params.yaml").write_text(params)
+    again = run(scratch, "dvc", "repro")
+    assert again.returncode == 0 and "Running stage 'train'" not in again.stdout, again.stdout
+
+
+def test_dvc_repro_metrics_plots_and_an_experiment(scratch: Path) -> None:
+    tmp_path = scratch
+    metrics = json.loads((tmp_path / RUN / "eval.json").read_text())
     assert 0 <= metrics["global_accuracy"] <= 1
-    assert (tmp_path / "runs/fedrc/plots/cluster_map.png").exists()
-    live = json.loads((tmp_path / "runs/fedrc/dvclive/metrics.json").read_text())
+    assert (tmp_path / RUN / "plots/cluster_map.png").exists()
+    live = json.loads((tmp_path / RUN / "dvclive/metrics.json").read_text())
     assert live["step"] == 2 and {"global", "best_global", "selected_global"} <= set(live)
 
     # the experiments' pipeline has never run here: neither command may mention it or warn
     for command in (("dvc", "metrics", "show"), ("dvc", "plots", "show")):
-        shown = run(*command)
+        shown = run(tmp_path, *command)
         output = shown.stdout + shown.stderr
         assert shown.returncode == 0 and not any(w in output.lower() for w in WARNINGS), output
         assert "experiments" not in output
-    table = run("dvc", "metrics", "show").stdout
+    table = run(tmp_path, "dvc", "metrics", "show").stdout
     assert "selected_global" in table and max(map(len, table.splitlines())) <= 120
 
-    again = run("dvc", "repro")  # nothing changed: every stage is cached
+    again = run(tmp_path, "dvc", "repro")  # nothing changed: every stage is cached
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr
 
-    assert run("git", "add", "-A").returncode == 0
-    assert run("git", "commit", "-qm", "baseline").returncode == 0
-    experiment = run("dvc", "exp", "run", "-S", "train.algorithm=fedavg")
-    assert experiment.returncode == 0, experiment.stdout + experiment.stderr
-    assert (tmp_path / "runs/fedavg/eval.json").exists()
-    shown = run("dvc", "exp", "show", "--no-pager", "--csv")
+    assert run(tmp_path, "git", "add", "-A").returncode == 0
+    assert run(tmp_path, "git", "commit", "-qm", "baseline").returncode == 0
+    params = (tmp_path / "params.yaml").read_text()
+    # docs/experiments.md: FedRC's run as an experiment (from the run cache), then FedAvg
+    for algorithm in ("fedrc", "fedavg"):
+        experiment = run(tmp_path, "dvc", "exp", "run", "dvc.yaml", "-n", algorithm,
+                         "-S", f"train.algorithm={algorithm}")  # fmt: skip
+        output = experiment.stdout + experiment.stderr
+        assert experiment.returncode == 0, output
+        assert not any(w in output.lower() for w in WARNINGS), output
+        assert ("Running stage 'train'" in output) == (algorithm == "fedavg"), output
+        config = json.loads((tmp_path / RUN / "config.json").read_text())
+        assert config["algorithm"] == algorithm and (tmp_path / RUN / "eval.json").exists()
+        assert (tmp_path / RUN / "model.pt").exists() and (tmp_path / RUN / "plots").is_dir()
+        changed = (tmp_path / "params.yaml").read_text()
+        assert changed == params.replace("algorithm: fedrc", f"algorithm: {algorithm}")
+    shown = run(tmp_path, "dvc", "exp", "show", "--no-pager", "--csv")
     assert shown.returncode == 0 and not any(w in shown.stderr.lower() for w in WARNINGS)
     assert "fedavg" in shown.stdout and "selected_global" in shown.stdout
+    rows = list(csv.DictReader(io.StringIO(shown.stdout)))
+    named = {row["Experiment"]: row for row in rows if row["Experiment"]}
+    assert set(named) == {"fedrc", "fedavg"}
+    for algorithm, row in named.items():  # one set of columns: every accuracy in each row
+        assert row["train.algorithm"] == algorithm
+        for column in ("train", "local", "global", "best_global", "selected_global"):
+            assert 0 <= float(row[column]) <= 1, (algorithm, column, row[column])
+    assert float(named["fedrc"]["selected_global"]) == live["selected_global"]
