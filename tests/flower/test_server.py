@@ -84,9 +84,9 @@ class DyingGrid(LocalGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for message in messages:
-            if (
-                message.metadata.dst_node_id == self.victim
-                and message.metadata.message_type in (wire.TRAIN, wire.STEPS)
+            if message.metadata.dst_node_id == self.victim and message.metadata.message_type in (
+                wire.TRAIN,
+                wire.STEPS,
             ):
                 self.trained += 1
                 if self.trained == 2:  # round 2: silent from now on, and gone from the SuperLink
