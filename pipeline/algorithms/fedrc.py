@@ -163,7 +163,9 @@ class FedRCStep(FedEMStep):
         E-step, in turn (a removed model's γ dropped, the rest renormalised; a sample with
         nothing left starts uniform over the remaining models)."""
         g = memory["gamma"]
-        for event in range(int(memory["renormalised"]) + 1, self.renormalised + 1):
+        # a memory from an older checkpoint, renormalised when it was written, lacks the count
+        seen = int(memory.get("renormalised", self.renormalised))
+        for event in range(seen + 1, self.renormalised + 1):
             keep = keep_after(self.removed_at, event)
             g = g * keep.to(g)
             total = g.sum(1, keepdim=True)
@@ -359,5 +361,5 @@ class FedRC(FedEM):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
         self.noise.set_state(state.pop("noise_state"))
-        self.memory = state.pop("adam")
+        self.memory = state.pop("adam", self.memory)
         super().load_state_dict(state)

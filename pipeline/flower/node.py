@@ -155,7 +155,7 @@ def answer_steps(
     for _, result in results:
         result.params = result.params.cpu()
     uploads = {c: upload for c, (upload, _) in work.outcomes.items()}
-    return wire.steps_reply(uploads, [(t, r) for t, r in results])
+    return wire.steps_reply(uploads, results)
 
 
 def answer_scores(

@@ -23,10 +23,12 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import Message, RecordDict
 
+from pipeline.algorithms import Algorithm, build_algorithm
 from pipeline.clients import ClientWork, LocalClients, receive_held_out, score_tables
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
@@ -351,17 +353,25 @@ class RemoteClients(LocalClients):
                 ]
                 requests.append((node, wire.STEPS, wire.steps_request(models, parts)))
         for _, content in self.executor.nodes.exchange(requests, "local training"):
-            if wire.failed(content) is not None:
+            error = wire.failed(content)
+            if error is not None:  # a diverged training (`exchange` raised any other error)
                 client, model = wire.diverged_task(content)
                 task = LocalTask(model, models[model], torch.empty(0))
                 task.client = client
-                raise NonFiniteLoss(wire.failed(content)[0], job=(task,))
+                raise NonFiniteLoss(error[0], job=(task,))
             uploads, results = wire.read_steps_reply(content, models)
             work.outcomes.update({c: (upload, None) for c, upload in uploads.items()})
             for task, result in results:
                 yield (task,), result
 
-    def evaluate(self, algorithm, models, data, comm, groups=None):
+    def evaluate(
+        self,
+        algorithm: Algorithm,
+        models: torch.Tensor,
+        data: FederatedData,
+        comm: Communicator,
+        groups: dict[str, list[int]] | None = None,
+    ) -> tuple[dict[str, Any], None, bool]:
         """`LocalClients.evaluate` on the nodes: no logits come back (None)."""
         present = comm.present(list(range(len(data.clients))))
         omega, held = algorithm.omega_table(), set(data.held_out)
@@ -402,6 +412,12 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
     """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
     check_config(config)
     manifest = read_manifest(Path(config.data))
+    if not build_algorithm(config, len(manifest.clients), manifest.num_classes).client_part:
+        log.info(
+            "fedrc: %s has no client part: its E-step runs here, from the labels and logits "
+            "the nodes send (docs/flower.md, The fallback)",
+            config.algorithm,
+        )
     nodes = Nodes(grid, manifest, deployment)
     nodes.connect()
     data = server_data(manifest, nodes.labels)
