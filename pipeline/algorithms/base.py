@@ -164,8 +164,8 @@ class Algorithm(ABC):
         the class has no `Step`, or a subclass overrides a verb the step stands in for
         (`STEP_VERBS`) without a `Step` of its own: its E-step is then the server-side one."""
         owner = _owner(type(self), "Step")
-        if self.Step is None:
-            return False
+        if self.Step is None or any(verb in vars(self) for verb in self.STEP_VERBS):
+            return False  # (a verb replaced on the instance counts as overridden)
         return all(issubclass(owner, _owner(type(self), verb)) for verb in self.STEP_VERBS)
 
     def client_step(self, client: int) -> ClientStep:
