@@ -15,6 +15,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms import Algorithm
+from pipeline.algorithms.client import per_sample_losses, predictions
 from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
@@ -55,20 +56,6 @@ def personal_logits(
             rows = slice(data.train_slices[client].start, data.test_slices[client].stop)
             out[client] = executor.logits(own[None].to(data.images.device), data.images[rows])
     return out
-
-
-def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy (N, K) from logits (K, N, classes)."""
-    logp = torch.log_softmax(logits, dim=-1)
-    return -logp.gather(-1, labels.expand(logits.shape[0], -1).unsqueeze(-1)).squeeze(-1).T
-
-
-def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.Tensor:
-    """Soft: arg-max of Σ_k ω_k softmax(z_k). Hard: the arg-max of the model with the largest ω."""
-    if hard:
-        return logits[int(torch.argmax(omega))].argmax(-1)
-    weights = omega.to(logits).view(-1, 1, 1)
-    return (weights * torch.softmax(logits, dim=-1)).sum(0).argmax(-1)
 
 
 def score_clients(

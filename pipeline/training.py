@@ -30,13 +30,14 @@ from pipeline import distributed
 from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
 from pipeline.checks import require_finite
+from pipeline.clients import ClientWork, LocalClients
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
-from pipeline.engine.task import Job, LocalResult
+from pipeline.engine.task import Job, LocalResult, LocalTask
 from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.evaluate import evaluate_round, per_sample_losses
 from pipeline.io import write_json
@@ -53,6 +54,8 @@ RoundCallback = Callable[[dict[str, Any]], None]
 # builds a run's executor from its config and data: `make_executor` runs on this process's
 # device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
 ExecutorFactory = Callable[[TrainConfig, FederatedData, torch.device], SequentialExecutor]
+# where the client parts of an algorithm run (`pipeline.clients`): here, or on Flower's nodes
+ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 CHECKPOINT_BUDGET = 512 * 2**20  # bytes a checkpoint may write per round when not told how often
 
 
@@ -135,6 +138,7 @@ class Run:
     algorithm: Algorithm
     models: torch.Tensor
     momentum: MomentumStore
+    clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
 
 
 def build_run(
@@ -143,6 +147,7 @@ def build_run(
     comm: Communicator,
     out: Path | None = None,
     executor_factory: ExecutorFactory = make_executor,
+    clients_factory: ClientsFactory = LocalClients,
 ) -> Run:
     """The executor, the algorithm, the K initial models and (with `persistent_momentum`, in
     `out`) the momentum store."""
@@ -155,7 +160,7 @@ def build_run(
     momentum = MomentumStore(
         folder, data.participating, algorithm.num_rows, executor.num_trainable, comm
     )
-    return Run(config, data, comm, executor, algorithm, models, momentum)
+    return Run(config, data, comm, executor, algorithm, models, momentum, clients_factory(executor))
 
 
 def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> dict[str, Any]:
@@ -169,13 +174,16 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     wanted = algorithm.wants_statistics(sampled)
     if wanted:
         observe_statistics(run, wanted)
-    raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
-    losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
-    labels = {c: data.labels[data.train_slices[c]] for c in mine}
-    labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
-    # Every place assigns every sampled client, in client order: the state stays identical.
-    gammas = {c: algorithm.e_step(c, losses[c], labels[c]).detach() for c in sampled}
-    loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
+    if algorithm.client_part:
+        loss_sum = client_parts(run, round_, sampled, mine, cached_logits)
+    else:
+        raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
+        losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
+        labels = {c: data.labels[data.train_slices[c]] for c in mine}
+        labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
+        # Every place assigns every sampled client, in client order: the state stays identical.
+        gammas = {c: algorithm.e_step(c, losses[c], labels[c]).detach() for c in sampled}
+        loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
     comm.sum([*algorithm.contributions(), loss_sum])
     shared = algorithm.shared_rows()
     if shared is not None:
@@ -185,6 +193,43 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     seen = sum(sizes.values()) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
     return {**row, **algorithm.round_info()}
+
+
+def client_parts(
+    run: Run, round_: int, sampled: list[int], mine: list[int], cached: torch.Tensor | None
+) -> torch.Tensor:
+    """Alg. 1 lines 5–7 with the algorithm's client part: each client of this place runs its
+    E-step and local trainings where its data is (`run.clients`), the results folded as they
+    come; then every place receives every client's upload, in client order. Returns this
+    place's Σ loss."""
+    algorithm, config = run.algorithm, run.config
+
+    def skipped(task: LocalTask, result: LocalResult) -> None:
+        algorithm.fold(task.client, task, result)
+
+    work = ClientWork(
+        run.data,
+        run.models,
+        {c: algorithm.client_step(c) for c in mine},
+        {c: local_seed(config.seed, round_, c) for c in mine},
+        algorithm.memory,
+        config.skip_below,
+        cached,
+        lambda task: run.momentum.attach(task, run.models.device),
+        skipped,
+    )
+    loss_sum = fold_results(run, round_, run.clients.train(work))
+    outcomes = {}
+    for part in run.comm.all_gather_object(work.outcomes):
+        outcomes.update(part)
+    for client in sampled:
+        if client not in outcomes:  # its node was lost before it answered
+            continue
+        upload, memory = outcomes[client]
+        if memory is not None:
+            algorithm.memory[client] = memory
+        algorithm.receive(client, upload)
+    return loss_sum
 
 
 def observe_statistics(run: Run, clients: list[int]) -> None:
@@ -253,12 +298,17 @@ def local_jobs(
 
 
 def train_and_fold(run: Run, round_: int, jobs: Iterator[Job]) -> torch.Tensor:
-    """Local training (Alg. 1 lines 6–7): each result is folded into the algorithm's sums and
-    dropped. Returns this place's Σ loss; every place stops if one diverged."""
+    """Local training (Alg. 1 lines 6–7) on this place's executor: `fold_results`."""
+    return fold_results(run, round_, run.executor.stream(jobs))
+
+
+def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult]]) -> torch.Tensor:
+    """Each local result is folded into the algorithm's sums and dropped. Returns this place's
+    Σ loss; every place stops if one diverged."""
     loss_sum = torch.zeros(1, dtype=torch.float64, device=run.comm.device)
     error = None
     try:
-        for (task, *_), result in run.executor.stream(jobs):
+        for (task, *_), result in results:
             run.momentum.keep(task, result)
             run.algorithm.fold(task.client, task, result)
             loss_sum += result.loss_sum
@@ -379,11 +429,19 @@ def save_checkpoint(
 
 def evaluation_checked(
     run: Run, round_: int, data: FederatedData, groups: dict[str, list[int]] | None = None
-) -> tuple[dict[str, Any], torch.Tensor]:
-    """The round's scores and logits on `data`; every place stops when one place's logits
-    diverged."""
-    scores, logits = evaluate_round(run.algorithm, run.executor, run.models, data, run.comm, groups)
-    diverged = run.comm.any(not bool(torch.isfinite(logits).all()))
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """The round's scores and logits on `data` (None where they stayed on the nodes); every
+    place stops when one place's logits diverged."""
+    if run.algorithm.client_part:
+        scores, logits, finite = run.clients.evaluate(
+            run.algorithm, run.models, data, run.comm, groups
+        )
+    else:
+        scores, logits = evaluate_round(
+            run.algorithm, run.executor, run.models, data, run.comm, groups
+        )
+        finite = bool(torch.isfinite(logits).all())
+    diverged = run.comm.any(not finite)
     bad = torch.tensor([float("nan")]) if diverged else None
     require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
     return scores, logits
@@ -420,7 +478,7 @@ def next_step_scores(
     kept = {f"next_{k}": scores[k] for k in keys if k in scores}
     if "drifted_accuracy" in scores:
         kept["next_drifted_accuracy"] = scores["drifted_accuracy"]
-    return kept, None if "clients_scored" in scores else logits
+    return kept, None if "clients_scored" in scores or logits is None else logits
 
 
 def run_training(
@@ -448,9 +506,11 @@ def train_run(
     on_round: RoundCallback | None,
     data: FederatedData | None = None,
     executor_factory: ExecutorFactory = make_executor,
+    clients_factory: ClientsFactory = LocalClients,
 ) -> Path:
-    """The run on this place; `data` and `executor_factory` are given where the samples are
-    elsewhere (a Flower server: row ids in place of images, an executor that asks the nodes).
+    """The run on this place; `data`, `executor_factory` and `clients_factory` are given where
+    the samples are elsewhere (a Flower server: row ids in place of images, an executor and
+    client parts that ask the nodes).
 
     The main place, which writes the run's files, holds the run folder's lock throughout: a
     second writer is refused on every place (`pipeline.run_lock`)."""
@@ -460,7 +520,9 @@ def train_run(
             held.enter_context(writer_lock(config.out, "--out", "fedrc train"))
 
         comm.agree(lock, everywhere=False)
-        return _train_run(config, comm, resume, overwrite, on_round, data, executor_factory)
+        return _train_run(
+            config, comm, resume, overwrite, on_round, data, executor_factory, clients_factory
+        )
 
 
 def _train_run(
@@ -471,6 +533,7 @@ def _train_run(
     on_round: RoundCallback | None,
     data: FederatedData | None,
     executor_factory: ExecutorFactory,
+    clients_factory: ClientsFactory,
 ) -> Path:
     out, main = Path(config.out), comm.is_main
     if data is None:
@@ -490,7 +553,7 @@ def _train_run(
     wanted = {**config.identity(), "data_digest": digest}
     identity = json.dumps(wanted, sort_keys=True)
 
-    run = comm.agree(lambda: build_run(config, data, comm, out, executor_factory))
+    run = comm.agree(lambda: build_run(config, data, comm, out, executor_factory, clients_factory))
     if main:
         warn_spare_models(run, config.data)
     live = None

@@ -54,6 +54,46 @@ def test_each_result_is_folded_before_the_next_client_is_built(tiny_data: Path) 
     assert events == expected  # K = 2 results of a client folded before the next one's tasks
 
 
+def test_a_client_part_folds_each_result_before_the_next_client_runs(tiny_data: Path) -> None:
+    """The same streaming with a client part: a client's E-step and tasks (`ClientStep`) are
+    built only after the previous client's results are folded, and every upload is received
+    after local training, in client order."""
+    config = tiny_config(tiny_data, Path("unused"), algorithm="fedem")
+    run = training.build_run(config, load_federated(tiny_data), Communicator(CPU))
+    assert run.algorithm.client_part
+    events = []
+    client_step, fold, receive = (
+        run.algorithm.client_step, run.algorithm.fold, run.algorithm.receive
+    )  # fmt: skip
+
+    def logged_step(client):
+        step = client_step(client)
+        tasks = step.local_tasks
+
+        def logged_tasks(*args):
+            events.append(("tasks", client))
+            return tasks(*args)
+
+        step.local_tasks = logged_tasks
+        return step
+
+    def logged_fold(client, task, result):
+        events.append(("fold", client))
+        fold(client, task, result)
+
+    def logged_receive(client, upload):
+        events.append(("receive", client))
+        receive(client, upload)
+
+    run.algorithm.client_step = logged_step
+    run.algorithm.fold, run.algorithm.receive = logged_fold, logged_receive
+    training.train_round(1, run, None)
+    clients = [c for kind, c in events if kind == "tasks"]
+    assert clients == run.data.participating
+    trained = [e for c in clients for e in [("tasks", c), ("fold", c), ("fold", c)]]
+    assert events == trained + [("receive", c) for c in clients]
+
+
 def test_skip_below_trains_only_pairs_with_enough_omega(tiny_data: Path) -> None:
     """δ = 0.3 with K = 2: client 0 gets ω = (0.9, 0.1), client 1 ω = (0.5, 0.5). Client 0's
     model 1 is not trained but folded in as received (weight N_0 kept); the others train."""

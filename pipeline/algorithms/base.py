@@ -13,11 +13,16 @@ Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `describe(i, images, labels, models)`  on the place holding client i's data: the statistic
                                      (a 1-D float tensor), e.g. PACFL's subspace bases
   `observe(i, statistic)`            on every place, in client order: keep it
-for each sampled client i (on every place, in client order, so state stays identical):
-  `assign(i, losses, labels)`        E-step / cluster assignment with the models just received →
-                                     γ (N_i, K); the base then sets ω_i = `client_omega(i, γ)`
-for each sampled client i of this place:
-  `local_tasks(i, gamma, models, raw)`  the local trainings to run (`engine.LocalTask`)
+E-step, in one of two ways:
+  with a client part (`Step`, `client_part`), where client i's data lives:
+  `client_step(i)`                   on the server: the state client i needs (a `ClientStep`)
+  `step.run(losses, labels, memory)` on the client: γ (kept there), its upload, its memory
+  `step.local_tasks(γ, models)`      on the client: its local trainings
+  `receive(i, upload)`               on every place, in client order, after local training
+  without one (the fallback: losses and labels reach every place, a Flower server included):
+  `assign(i, losses, labels)`        each sampled client, every place, in client order → γ
+                                     (N_i, K); the base then sets ω_i = `client_omega(i, γ)`
+  `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings
   `fold(i, task, result)`            add one trained model to the running aggregates
                                      (`accumulate`); the loop drops the result right after
 then once per round:
@@ -28,7 +33,8 @@ then once per round:
   `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
-  `assign_held_out(i, losses, labels)`  a non-participating client's ω (returned)
+  `assign_held_out(i, losses, labels)`  a non-participating client's ω (returned; with a client
+                                     part: `step.held_out`, where the client's data lives)
   `assign_unlabeled(i, logits, images)`  the same without its labels (`fedrc eval`)
   `predict_weights(i)`               ω_i, the client's mixture over the K predictors
   `personal_model(i)`                a client's own model, where the algorithm keeps one
@@ -47,11 +53,15 @@ Memory per round is K × model for the sums, plus whatever `shared_rows` keeps o
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import Any, ClassVar
 
 import torch
 
+from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, soft_tasks
+from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
+from pipeline.algorithms.client import lowest_loss as lowest_loss
+from pipeline.algorithms.client import one_hot as one_hot
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
@@ -60,8 +70,9 @@ from pipeline.settings import Settings
 
 class Algorithm(ABC):
     """Subclass this, give `name`, `title`, `paper` and (if it has any) a `Settings` dataclass,
-    and implement `assign`; the defaults of the other verbs are FedEM's (soft γ, every model
-    trains with its γ column, N_i-weighted averages). `self.settings` holds the run's settings.
+    and implement `assign` (or a client part: `Step`, `client_step`, `receive`); the defaults
+    of the other verbs are FedEM's (soft γ, every model trains with its γ column, N_i-weighted
+    averages). `self.settings` holds the run's settings.
     """
 
     name: ClassVar[str]  # the registry name, as in `--algorithm`
@@ -73,6 +84,14 @@ class Algorithm(ABC):
     needs_sequential: ClassVar[bool] = False  # its tasks use `LocalTask.stages` (FedCCFA)
     # how a new client is assigned without its labels (`assign_unlabeled`), for reports
     unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
+    # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
+    # losses and labels are gathered (every place; a Flower server)
+    Step: ClassVar[type[ClientStep] | None] = None
+    # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
+    # falls back to them (`client_part`)
+    STEP_VERBS: ClassVar[tuple[str, ...]] = (
+        "assign", "client_omega", "assign_held_out", "local_tasks", "combine_logits",
+    )  # fmt: skip
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
@@ -110,6 +129,9 @@ class Algorithm(ABC):
         self.omega = torch.full(
             (self.num_clients, self.num_models), 1.0 / self.num_models, dtype=torch.float64
         )
+        # client → what its step keeps between its E-steps, held where the client's data is
+        # (here in one process and under torchrun; on the node in a Flower deployment)
+        self.memory: dict[int, Memory] = {}
 
     @property
     def num_rows(self) -> int:
@@ -135,12 +157,46 @@ class Algorithm(ABC):
     def observe(self, client: int, statistic: torch.Tensor) -> None:  # noqa: B027 (a hook)
         """Keep a client's statistic (every place, in client order, before `assign`)."""
 
+    # --- client part ----------------------------------------------------------------------
+    @property
+    def client_part(self) -> bool:
+        """Whether the E-step runs as a `ClientStep` where each client's data lives. False when
+        the class has no `Step`, or a subclass overrides a verb the step stands in for
+        (`STEP_VERBS`) without a `Step` of its own: its E-step is then the server-side one."""
+        owner = _owner(type(self), "Step")
+        if self.Step is None or any(verb in vars(self) for verb in self.STEP_VERBS):
+            return False  # (a verb replaced on the instance counts as overridden)
+        return all(issubclass(owner, _owner(type(self), verb)) for verb in self.STEP_VERBS)
+
+    def client_step(self, client: int) -> ClientStep:
+        """The state client `client` needs for its E-step, as a `Step`. It must not change the
+        algorithm's state."""
+        raise NotImplementedError(f"{self.name} has no client part")
+
+    def receive(self, client: int, upload: Upload) -> None:
+        """Keep what client `client` sent up after its E-step (every place, in client order,
+        after local training). Default: ω_i."""
+        self.omega[client] = upload["omega"].to("cpu", torch.float64)
+
+    def run_client_step(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """The client part run here on given losses and labels, its upload received at once: γ.
+        (The round loop runs the parts where the data lives; this is `assign` for them.)"""
+        outcome = self.client_step(client).run(losses, labels, self.memory.get(client))
+        if outcome.memory is not None:
+            self.memory[client] = outcome.memory
+        self.receive(client, outcome.upload)
+        return outcome.gamma
+
     # --- E-step ---------------------------------------------------------------------------
-    @abstractmethod
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """γ (N_i, K) for a sampled client from its per-sample losses under the K models
         (`combine_logits` applied); update any per-client statistics here. Call it through
-        `e_step`, which also sets ω_i."""
+        `e_step`, which also sets ω_i. Default: the client part, run here."""
+        if self.Step is None:
+            raise NotImplementedError(f"{self.name} defines neither assign nor a client part")
+        return self.run_client_step(client, losses, labels)
 
     def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
         """ω_i after the E-step: the mean responsibility (1/N_i) Σ_j γ_{ij} (FedEM's update;
@@ -157,7 +213,9 @@ class Algorithm(ABC):
         self, client: int, losses: torch.Tensor, labels: torch.Tensor
     ) -> torch.Tensor:
         """A non-participating client's ω from its labelled part. Hard-clustering default
-        (protocol §2): the model with the lowest loss."""
+        (protocol §2): the model with the lowest loss; with a client part, its `held_out`."""
+        if self.Step is not None:
+            return self.client_step(client).held_out(losses, labels)
         return lowest_loss(losses, self.num_models)
 
     def assign_unlabeled(
@@ -175,13 +233,16 @@ class Algorithm(ABC):
         """ω_i ← `assign_held_out`: what evaluation calls for a non-participating client."""
         self.omega[client] = self.assign_held_out(client, losses, labels)
 
+    def receive_held_out(self, client: int, omega: torch.Tensor) -> None:
+        """ω_i of a non-participating client, from its client part's `held_out`."""
+        self.omega[client] = omega.to("cpu", torch.float64)
+
     # --- local training -------------------------------------------------------------------
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
         """Default (FedEM, FedRC): every model k trains with weights γ_{:,k}, counting N_i."""
-        n = float(gamma.shape[0])
-        return [LocalTask(k, models[k], gamma[:, k], weight=n) for k in range(self.num_models)]
+        return soft_tasks(gamma, models)
 
     # --- aggregation ----------------------------------------------------------------------
     def begin_round(self, models: torch.Tensor) -> None:
@@ -258,26 +319,9 @@ class HardClustering(Algorithm):
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
-        k = int(gamma[0].argmax())
-        return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
+        return hard_tasks(gamma, models)
 
 
-def one_hot(index: int, size: int) -> torch.Tensor:
-    row = torch.zeros(size, dtype=torch.float64)
-    row[index] = 1.0
-    return row
-
-
-def lowest_loss(losses: torch.Tensor, size: int, rows: list[int] | None = None) -> torch.Tensor:
-    """ω one-hot (of `size`) on the model among `rows` (default: all) with the lowest mean
-    loss over the client's samples, `losses` (N, K)."""
-    if rows is None:
-        return one_hot(int(losses.mean(0).argmin()), size)
-    return one_hot(rows[int(losses[:, rows].mean(0).argmin())], size)
-
-
-def hard_gamma(losses: torch.Tensor, cluster: int) -> torch.Tensor:
-    """γ of a hard assignment: every sample of the client belongs to `cluster`."""
-    gamma = torch.zeros_like(losses)
-    gamma[:, cluster] = 1.0
-    return gamma
+def _owner(cls: type, name: str) -> type:
+    """The class of `cls`'s method resolution order that defines `name`."""
+    return next(c for c in cls.__mro__ if name in c.__dict__)

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, mean_omega
 from pipeline.settings import Settings
+
+
+@dataclass
+class FedAvgStep(ClientStep):
+    """The client needs nothing but the model and sends nothing but its trained copy (ω = 1)."""
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        gamma = torch.ones_like(losses)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """A held-out client simply uses the one global model (ω = 1)."""
+        return torch.ones(1, dtype=torch.float64)
 
 
 class FedAvg(Algorithm):
@@ -19,11 +35,7 @@ class FedAvg(Algorithm):
     def count_models(cls, clusters: int, settings: Settings) -> int:
         return 1
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return torch.ones_like(losses)
+    Step = FedAvgStep
 
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        """A held-out client simply uses the one global model (ω = 1)."""
-        return torch.ones(1, dtype=torch.float64)
+    def client_step(self, client: int) -> FedAvgStep:
+        return FedAvgStep()

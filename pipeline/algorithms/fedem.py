@@ -8,33 +8,45 @@ over the sampled clients with weights N_i. Prediction: p(y|x) = Σ_k ω_{i;k} so
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, mean_omega
 
 
-class FedEM(Algorithm):
-    name = "fedem"
-    title = "FedEM"
-    paper = "Marfoq et al., NeurIPS 2021"
+@dataclass
+class FedEMStep(ClientStep):
+    """The client needs its ω_i; it sends its new ω_i (the paper's upload besides the models)."""
+
+    omega: torch.Tensor  # (K,) ω_i, float64
 
     def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
         """Extra log-likelihood per (sample, model); FedEM has none. FedRC: −log C_{y,k}."""
         return 0.0
 
     def responsibilities(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor, held_out: bool = False
+        self, losses: torch.Tensor, labels: torch.Tensor, held_out: bool = False
     ) -> torch.Tensor:
-        log_omega = torch.log(self.omega[client]).to(losses)
+        log_omega = torch.log(self.omega).to(losses)
         logits = log_omega - losses + self.label_term(labels, held_out)
         return torch.softmax(logits, dim=1)
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.responsibilities(client, losses, labels)
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        gamma = self.responsibilities(losses, labels)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
 
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One E-step on the client's labelled part; ω carries over between evaluations."""
-        gamma = self.responsibilities(client, losses, labels, held_out=True)
-        return self.client_omega(client, gamma)
+        return mean_omega(self.responsibilities(losses, labels, held_out=True))
+
+
+class FedEM(Algorithm):
+    name = "fedem"
+    title = "FedEM"
+    paper = "Marfoq et al., NeurIPS 2021"
+    Step = FedEMStep
+
+    def client_step(self, client: int) -> FedEMStep:
+        return FedEMStep(omega=self.omega[client].clone())

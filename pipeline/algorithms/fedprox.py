@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.algorithms.fedavg import FedAvg
+from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
 from pipeline.engine.task import LocalTask
 from pipeline.settings import Settings, positive, require
 
@@ -26,15 +26,31 @@ class ProximalSettings(Settings):
         require(positive(self.mu), "mu", "a number > 0", self.mu)
 
 
+def proximal_tasks(gamma: torch.Tensor, models: torch.Tensor, mu: float) -> list[LocalTask]:
+    n = float(gamma.shape[0])
+    return [LocalTask(0, models[0], gamma[:, 0], n, anchor=models[0], mu=mu)]
+
+
+@dataclass
+class FedProxStep(FedAvgStep):
+    mu: float
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        return proximal_tasks(gamma, models, self.mu)
+
+
 class FedProx(FedAvg):
     name = "fedprox"
     title = "FedProx"
     paper = "Li et al., MLSys 2020"
     Settings = ProximalSettings
     settings: ProximalSettings
+    Step = FedProxStep
+
+    def client_step(self, client: int) -> FedProxStep:
+        return FedProxStep(mu=self.settings.mu)
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
-        n = float(gamma.shape[0])
-        return [LocalTask(0, models[0], gamma[:, 0], n, anchor=models[0], mu=self.settings.mu)]
+        return proximal_tasks(gamma, models, self.settings.mu)

@@ -34,7 +34,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from pipeline.algorithms.fedem import FedEM
+from pipeline.algorithms.client import ClientOutcome, Memory, mean_omega, soft_tasks
+from pipeline.algorithms.fedem import FedEM, FedEMStep
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.settings import Settings, require
 
@@ -77,12 +78,111 @@ class FedRCSettings(Settings):
         require(self.table_noise >= 0, "table_noise", "a number >= 0", self.table_noise)
 
 
+def fedrc_tasks(
+    gamma: torch.Tensor, models: torch.Tensor, active: torch.Tensor, omega: torch.Tensor, hard: bool
+) -> list[LocalTask]:
+    """Every active model k with weights γ_{:,k}; TrHC (`hard`): only the arg-max ω model,
+    every sample with weight 1."""
+    if hard:
+        k = int(omega.argmax())
+        return [LocalTask(k, models[k], torch.ones_like(gamma[:, k]), weight=float(gamma.shape[0]))]
+    return soft_tasks(gamma, models, [k for k in range(gamma.shape[1]) if active[k]])
+
+
+def keep_after(removed_at: torch.Tensor, event: int) -> torch.Tensor:
+    """The models still active after renormalisation `event` (1-based), as float64 0/1."""
+    return ((removed_at == 0) | (removed_at > event)).to(torch.float64)
+
+
+@dataclass
+class FedRCStep(FedEMStep):
+    """What a FedRC client needs besides ω_i: the label prior C_{y,k}, which models are active
+    (and when the others were removed, for its Adam memory), and the E-step's options. It
+    sends ω_i, its label table S_i[k, y] = Σ_{j: y_j = y} γ_{ij;k}, N_i and, with `merge_gap`,
+    X_i[k, l] = Σ_j γ_{ij;k} f_{ij;l} (K²)."""
+
+    prior: torch.Tensor  # (K, classes) C_{y,k}
+    active: torch.Tensor  # (K,) bool
+    removed_at: torch.Tensor  # (K,) the renormalisation that removed a model (0: active)
+    renormalised: int  # renormalisations so far
+    estep: str
+    adam_lr: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    heldout_label_prior: bool
+    cross: bool  # send X_i (merge_gap)
+    hard_train: bool
+
+    def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
+        if held_out and not self.heldout_label_prior:
+            return 0.0  # the authors' code scores held-out clients with FedEM's E-step
+        return -torch.log(self.prior.T.to(labels.device)[labels]).float()  # (N, K)
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        gamma = self.responsibilities(losses, labels)
+        if self.estep == "adam":
+            gamma, memory = self.adam_step(gamma, memory)
+        else:
+            memory = None
+        table = torch.zeros(self.prior.shape[1], self.prior.shape[0], dtype=torch.float64)
+        table.index_add_(0, labels.cpu(), gamma.detach().cpu().to(torch.float64))
+        upload = {
+            "omega": mean_omega(gamma),
+            "table": table.T.contiguous(),
+            "size": torch.tensor(float(labels.numel()), dtype=torch.float64),
+        }
+        if self.cross:  # X_i[k, l] = Σ_j γ_{ij;k} f_{ij;l}
+            finite = torch.nan_to_num(losses.detach(), posinf=0.0)  # a removed model's column
+            upload["cross"] = (gamma.detach().T @ finite).to("cpu", torch.float64)
+        return ClientOutcome(gamma, upload, memory)
+
+    def adam_step(self, plain: torch.Tensor, memory: Memory | None) -> tuple[torch.Tensor, Memory]:
+        """γ ← γ^{t−1} − α (ν/(1−β1)) / (sqrt(a/(1−β2)) + ε), clipped at 0, renormalised."""
+        active = self.active.to(plain.device)
+        if memory is None:  # first visit: γ^0 = 1/K over the active models, zero moments
+            start = active.to(plain).expand_as(plain)
+            zeros = torch.zeros_like(plain)
+            memory = {"gamma": start / start.sum(1, keepdim=True), "m": zeros, "v": zeros}
+        else:
+            memory = self.renormalise(memory)
+        b1, b2 = self.adam_beta1, self.adam_beta2
+        previous = memory["gamma"].to(plain)
+        g = previous - plain
+        m = b1 * memory["m"].to(plain) + (1 - b1) * g
+        v = b2 * memory["v"].to(plain) + (1 - b2) * g * g
+        step = (m / (1 - b1)) / (torch.sqrt(v / (1 - b2)) + self.adam_eps)
+        gamma = (previous - self.adam_lr * step).clamp(min=0) * active
+        total = gamma.sum(1, keepdim=True)
+        gamma = torch.where(total > 0, gamma / total.clamp(min=1e-30), plain)  # guard a zero sum
+        seen = torch.tensor(self.renormalised)
+        return gamma, {"gamma": gamma.cpu(), "m": m.cpu(), "v": v.cpu(), "renormalised": seen}
+
+    def renormalise(self, memory: Memory) -> Memory:
+        """Alg. 2, lines 5–9, on the memory: every renormalisation since the client's last
+        E-step, in turn (a removed model's γ dropped, the rest renormalised; a sample with
+        nothing left starts uniform over the remaining models)."""
+        g = memory["gamma"]
+        # a memory from an older checkpoint, renormalised when it was written, lacks the count
+        seen = int(memory.get("renormalised", self.renormalised))
+        for event in range(seen + 1, self.renormalised + 1):
+            keep = keep_after(self.removed_at, event)
+            g = g * keep.to(g)
+            total = g.sum(1, keepdim=True)
+            g = torch.where(total > 0, g / total.clamp(min=1e-30), (keep / keep.sum()).to(g))
+        return {**memory, "gamma": g}
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        return fedrc_tasks(gamma, models, self.active, mean_omega(gamma), self.hard_train)
+
+
 class FedRC(FedEM):
     name = "fedrc"
     title = "FedRC"
     paper = "Guo et al., ICML 2024"
     Settings = FedRCSettings
     settings: FedRCSettings
+    Step = FedRCStep
 
     def init_state(self) -> None:
         super().init_state()
@@ -98,60 +198,58 @@ class FedRC(FedEM):
             self.num_clients, self.num_models, self.num_models, dtype=torch.float64
         )
         self.rounds_done = 0
-        self.adam: dict[int, dict[str, torch.Tensor]] = {}  # client → γ^{t−1}, moments
+        self.removed_at = torch.zeros(self.num_models, dtype=torch.long)  # 0: active
+        self.renormalised = 0  # how often Alg. 2's renormalisation ran
         self.noise = torch.Generator().manual_seed(self.config.seed)
 
-    def label_term(self, labels: torch.Tensor, held_out: bool) -> torch.Tensor | float:
-        if held_out and not self.settings.heldout_label_prior:
-            return 0.0  # the authors' code scores held-out clients with FedEM's E-step
-        return -torch.log(self.prior.T.to(labels.device)[labels]).float()  # (N, K)
+    @property
+    def adam(self) -> dict[int, Memory]:
+        """Each client's Adam E-step memory (γ^{t−1}, moments), where its data is."""
+        return self.memory
 
-    def adam_step(self, client: int, plain: torch.Tensor) -> torch.Tensor:
-        """γ ← γ^{t−1} − α (ν/(1−β1)) / (sqrt(a/(1−β2)) + ε), clipped at 0, renormalised."""
+    @property
+    def client_part(self) -> bool:
+        """A shared body is averaged by each task's γ-mass, which stays on the client: that
+        variant runs its E-step on the server (the fallback)."""
+        return super().client_part and not self.settings.shared_body
+
+    def client_step(self, client: int) -> FedRCStep:
         c = self.settings
-        state = self.adam.get(client)
-        if state is None:  # first visit: γ^0 = 1/K over the active models, zero moments
-            start = self.active.to(plain).expand_as(plain)
-            zeros = torch.zeros_like(plain)
-            state = {"gamma": start / start.sum(1, keepdim=True), "m": zeros, "v": zeros}
-        previous = state["gamma"].to(plain)
-        g = previous - plain
-        m = c.adam_beta1 * state["m"].to(plain) + (1 - c.adam_beta1) * g
-        v = c.adam_beta2 * state["v"].to(plain) + (1 - c.adam_beta2) * g * g
-        step = (m / (1 - c.adam_beta1)) / (torch.sqrt(v / (1 - c.adam_beta2)) + c.adam_eps)
-        gamma = (previous - c.adam_lr * step).clamp(min=0) * self.active.to(plain.device)
-        total = gamma.sum(1, keepdim=True)
-        gamma = torch.where(total > 0, gamma / total.clamp(min=1e-30), plain)  # guard a zero sum
-        self.adam[client] = {"gamma": gamma.cpu(), "m": m.cpu(), "v": v.cpu()}
-        return gamma
+        return FedRCStep(
+            omega=self.omega[client].clone(),
+            prior=self.prior.clone(),
+            active=self.active.clone(),
+            removed_at=self.removed_at.clone(),
+            renormalised=self.renormalised,
+            estep=c.estep,
+            adam_lr=c.adam_lr,
+            adam_beta1=c.adam_beta1,
+            adam_beta2=c.adam_beta2,
+            adam_eps=c.adam_eps,
+            heldout_label_prior=c.heldout_label_prior,
+            cross=c.merge_gap is not None,
+            hard_train=c.hard_train,
+        )
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        gamma = self.responsibilities(client, losses, labels)
-        if self.settings.estep == "adam":
-            gamma = self.adam_step(client, gamma)
-        self.sizes[client] = float(labels.numel())
-        table = torch.zeros(self.num_classes, self.num_models, dtype=torch.float64)
-        table.index_add_(0, labels.cpu(), gamma.detach().cpu().to(torch.float64))
+    def receive(self, client: int, upload: dict[str, torch.Tensor]) -> None:
+        """ω_i, N_i, the label table (with `table_noise`: plus N(0, ξ²) drawn here, in client
+        order, from the run's seeded generator) and, with `merge_gap`, X_i."""
+        super().receive(client, upload)
+        self.sizes[client] = float(upload["size"])
+        table = upload["table"].to("cpu", torch.float64).T  # (classes, K)
         if self.settings.table_noise > 0:
-            table += self.settings.table_noise * torch.randn(table.shape, generator=self.noise)
+            table = table + self.settings.table_noise * torch.randn(
+                table.shape, generator=self.noise
+            )
         self.tables[client] = table.T
-        if self.settings.merge_gap is not None:  # X_i[k, l] = Σ_j γ_{ij;k} f_{ij;l}
-            finite = torch.nan_to_num(losses.detach(), posinf=0.0)  # a removed model's column
-            self.cross[client] = (gamma.detach().T @ finite).to("cpu", torch.float64)
-        return gamma
+        if "cross" in upload:
+            self.cross[client] = upload["cross"].to("cpu", torch.float64)
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
-        n = float(gamma.shape[0])
-        if self.settings.hard_train:  # TrHC: only the arg-max model, every sample with weight 1
-            k = int(self.omega[client].argmax())
-            return [LocalTask(k, models[k], torch.ones_like(gamma[:, k]), weight=n)]
-        return [
-            LocalTask(k, models[k], gamma[:, k], weight=n)
-            for k in range(self.num_models)
-            if self.active[k]
-        ]
+        hard = self.settings.hard_train
+        return fedrc_tasks(gamma, models, self.active, self.omega[client], hard)
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
@@ -202,7 +300,7 @@ class FedRC(FedEM):
         mean_gamma = self.gamma_mass() / self.sizes.sum()
         for k in mean_gamma.argsort().tolist():
             if self.active[k] and mean_gamma[k] < threshold and int(self.active.sum()) > 1:
-                self.active[k] = False
+                self.remove(k)
         self.renormalise()
 
     def merge_interchangeable(self, gap: float) -> None:
@@ -220,12 +318,20 @@ class FedRC(FedEM):
                         pairs.append((float(excess), a, b))
         for _, a, b in sorted(pairs):
             if self.active[a] and self.active[b]:
-                self.active[b if mass[b] < mass[a] else a] = False
+                self.remove(b if mass[b] < mass[a] else a)
         self.renormalise()
 
+    def remove(self, k: int) -> None:
+        """Model k is removed by the renormalisation about to run."""
+        self.active[k] = False
+        self.removed_at[k] = self.renormalised + 1
+
     def renormalise(self) -> None:
-        """Alg. 2, lines 5–9: drop the removed models' γ and ω and renormalise the rest (a
-        client or sample that had nothing left starts uniform over the remaining models)."""
+        """Alg. 2, lines 5–9: drop the removed models' ω and renormalise the rest (a client
+        that had nothing left starts uniform over the remaining models). Each client's γ^{t−1}
+        (its Adam memory) gets the same, counted here, when it next runs its E-step
+        (`FedRCStep.renormalise`): the memory stays where the client's data is."""
+        self.renormalised += 1
         keep = self.active.to(self.omega.dtype)
         kept = self.omega * keep
         self.omega = torch.where(
@@ -233,11 +339,6 @@ class FedRC(FedEM):
             kept / kept.sum(1, keepdim=True).clamp(min=1e-300),
             keep / keep.sum(),
         )
-        for state in self.adam.values():
-            g = state["gamma"] * keep.to(state["gamma"])
-            total = g.sum(1, keepdim=True)
-            uniform = (keep / keep.sum()).to(g)
-            state["gamma"] = torch.where(total > 0, g / total.clamp(min=1e-30), uniform)
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": int(self.active.sum())}
@@ -251,11 +352,14 @@ class FedRC(FedEM):
             "sizes": self.sizes,
             "cross": self.cross,
             "rounds_done": self.rounds_done,
-            "adam": self.adam,
+            "removed_at": self.removed_at,
+            "renormalised": self.renormalised,
+            "adam": self.memory,
             "noise_state": self.noise.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
         self.noise.set_state(state.pop("noise_state"))
+        self.memory = state.pop("adam", self.memory)
         super().load_state_dict(state)

@@ -7,15 +7,38 @@ with no member this round keeps its parameters (the FedRC port zeroes it: a bug,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from pipeline.algorithms.base import HardClustering, hard_gamma
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    ClientStep,
+    Memory,
+    hard_gamma,
+    hard_tasks,
+    mean_omega,
+)
+
+
+@dataclass
+class IFCAStep(ClientStep):
+    """The client needs only the K models; it sends its chosen index (ω_i one-hot)."""
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        gamma = hard_gamma(losses, int(losses.mean(0).argmin()))
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor):
+        return hard_tasks(gamma, models)
 
 
 class IFCA(HardClustering):
     name = "ifca"
     title = "IFCA"
     paper = "Ghosh et al., NeurIPS 2020"
+    Step = IFCAStep
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return hard_gamma(losses, int(losses.mean(0).argmin()))
+    def client_step(self, client: int) -> IFCAStep:
+        return IFCAStep()

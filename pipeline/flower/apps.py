@@ -57,7 +57,8 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def _answer(message: Message, context: Context, work) -> Message:
-    """Run `work(node_data, executor)` for this node; a fedrc error travels back as one line."""
+    """Run `work(node_data, executor, algorithm, content, state)` for this node (`state`: the
+    node's Flower state for the run); a fedrc error travels back as one line."""
     settings = context.node_config
     try:
         folder = str(settings["fedrc-data"])
@@ -68,13 +69,14 @@ def _answer(message: Message, context: Context, work) -> Message:
     clients = str(settings.get("fedrc-clients", "all"))
     try:
         data = node.node_data(folder, clients)
-        if work is None:
-            return Message(data.hello(), reply_to=message)
         device = str(settings.get("fedrc-device", "auto"))
-        executor = node.node_executor(
-            str(context.run_config["fedrc-train"]), folder, clients, device
-        )
-        return Message(work(data, executor, message.content), reply_to=message)
+        config = str(context.run_config["fedrc-train"])
+        algorithm = node.node_algorithm(config, folder, clients, device)
+        if work is None:
+            return Message(data.hello(not algorithm.client_part), reply_to=message)
+        executor = node.node_executor(config, folder, clients, device)
+        reply = work(data, executor, algorithm, message.content, context.state)
+        return Message(reply, reply_to=message)
     except FedrcError as e:
         return Message(wire.failure(str(e)), reply_to=message)
 
@@ -86,9 +88,21 @@ def hello(message: Message, context: Context) -> Message:
 
 @client_app.query("logits")
 def logits(message: Message, context: Context) -> Message:
-    return _answer(message, context, node.answer_logits)
+    return _answer(message, context, lambda d, e, a, content, s: node.answer_logits(d, e, content))
 
 
 @client_app.train("fedrc")
 def train(message: Message, context: Context) -> Message:
-    return _answer(message, context, node.answer_train)
+    return _answer(message, context, lambda d, e, a, content, s: node.answer_train(d, e, content))
+
+
+@client_app.train("steps")
+def steps(message: Message, context: Context) -> Message:
+    return _answer(message, context, node.answer_steps)
+
+
+@client_app.evaluate("scores")
+def scores(message: Message, context: Context) -> Message:
+    return _answer(
+        message, context, lambda d, e, a, content, s: node.answer_scores(d, e, a, content)
+    )

@@ -4,12 +4,15 @@ The ServerApp runs `pipeline.training.train_run` unchanged. Two things differ fr
 
 - its `FederatedData` holds global row ids where images would be (`server_data`): labels and
   the benchmark's layout come from the manifest and the nodes' hellos, pixels never leave a node;
-- its executor (`RemoteExecutor`) answers `logits` and `stream` by asking the nodes that hold
-  those rows (`Nodes.exchange`), so every E-step, local training and evaluation runs on a node,
-  while the algorithm (assignment, aggregation, its state) runs here, exactly as in `fedrc train`.
+- for an algorithm with a client part, its `RemoteClients` sends each client's `ClientStep`
+  to the node holding it, which runs the client's E-step, local trainings and evaluation there
+  and sends back what the algorithm's paper sends (ω_i, FedRC's label tables, …), the trained
+  models, and per-client accuracies: labels, logits and γ stay on the nodes;
+- for any other algorithm (the fallback), its executor (`RemoteExecutor`) answers `logits` and
+  `stream` by asking the nodes that hold those rows (`Nodes.exchange`), and the server runs the
+  E-step from the logits and the labels the nodes sent in their hellos.
 
-What a node uploads is what the loop needs from a place: logits on its rows (from which the
-server's E-step computes losses and, with the labels, FedRC's label tables) and trained models.
+The algorithm's server part (aggregation, its state) runs here, exactly as in `fedrc train`.
 """
 
 from __future__ import annotations
@@ -20,17 +23,20 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import Message, RecordDict
 
+from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.clients import ClientWork, LocalClients, receive_held_out, score_tables
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.records import Manifest
 from pipeline.data.shards import FederatedData, client_spans, over_steps, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
-from pipeline.engine.task import Job, LocalResult
+from pipeline.engine.task import Job, LocalResult, LocalTask
 from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
@@ -91,7 +97,8 @@ class Nodes:
                         self.holder[client],
                     )
                 size = self.manifest.clients[client].size
-                self.labels[client] = hello.labels[offset : offset + size]
+                if hello.labels is not None:
+                    self.labels[client] = hello.labels[offset : offset + size]
                 self.holder[client] = node
                 offset += size
             self.greeted.add(node)
@@ -243,10 +250,13 @@ class FlowerPlace(Communicator):
 
 def server_data(manifest: Manifest, labels: dict[int, torch.Tensor]) -> FederatedData:
     """The benchmark as the server sees it (at step 0 of a drifting one): `images` holds each
-    row's global id."""
+    row's global id; `labels` are −1 where the nodes kept them (an algorithm with a client
+    part never reads them here)."""
     spans = client_spans(manifest)
     rows = torch.arange(sum(c.size for c in manifest.clients))
-    ordered = torch.cat([labels[c] for c in range(len(manifest.clients))]).to(torch.int64)
+    unknown = [torch.full((c.size,), -1, dtype=torch.int64) for c in manifest.clients]
+    ordered = torch.cat([labels.get(c, unknown[c]) for c in range(len(manifest.clients))])
+    ordered = ordered.to(torch.int64)
     train, test = [s[0][0] for s in spans], [s[0][1] for s in spans]
     return over_steps(FederatedData(rows, ordered, train, test, manifest, rows, rows), spans)
 
@@ -311,6 +321,84 @@ class RemoteExecutor(SequentialExecutor):
             yield from zip(batch, wire.read_train_reply(content))
 
 
+class RemoteClients(LocalClients):
+    """The client parts of a round on the nodes holding the clients (`wire.STEPS`,
+    `wire.SCORES`): the server sends steps and models, the nodes send uploads, trained models
+    and accuracies."""
+
+    executor: RemoteExecutor
+
+    def by_node(self, clients: list[int], per_message: int) -> dict[int, list[list[int]]]:
+        """Each node's clients, `per_message` in a message."""
+        out: dict[int, list[list[int]]] = defaultdict(list)
+        for client in clients:
+            node = self.executor.nodes.holder.get(client)
+            if node is None:
+                raise NodeLost(f"client {client}: no connected node holds it")
+            batches = out[node]
+            if not batches or len(batches[-1]) == per_message:
+                batches.append([])
+            batches[-1].append(client)
+        return out
+
+    def train(self, work: ClientWork) -> Iterator[tuple[Job, LocalResult]]:
+        data, models = work.data, work.models
+        requests = []
+        per_message = max(1, MESSAGE_TASKS // models.shape[0])  # local trainings a message
+        for node, batches in self.by_node(list(work.steps), per_message).items():
+            for batch in batches:
+                parts = [
+                    (c, work.steps[c], data.images[data.train_slices[c]], work.seeds[c])
+                    for c in batch
+                ]
+                requests.append((node, wire.STEPS, wire.steps_request(models, parts)))
+        for _, content in self.executor.nodes.exchange(requests, "local training"):
+            error = wire.failed(content)
+            if error is not None:  # a diverged training (`exchange` raised any other error)
+                client, model = wire.diverged_task(content)
+                task = LocalTask(model, models[model], torch.empty(0))
+                task.client = client
+                raise NonFiniteLoss(error[0], job=(task,))
+            uploads, results = wire.read_steps_reply(content, models)
+            work.outcomes.update({c: (upload, None) for c, upload in uploads.items()})
+            for task, result in results:
+                yield (task,), result
+
+    def evaluate(
+        self,
+        algorithm: Algorithm,
+        models: torch.Tensor,
+        data: FederatedData,
+        comm: Communicator,
+        groups: dict[str, list[int]] | None = None,
+    ) -> tuple[dict[str, Any], None, bool]:
+        """`LocalClients.evaluate` on the nodes: no logits come back (None)."""
+        present = comm.present(list(range(len(data.clients))))
+        omega, held = algorithm.omega_table(), set(data.held_out)
+        requests = []
+        for node, (clients,) in self.by_node(present, max(1, len(present))).items():
+            jobs = []
+            for client in clients:
+                train, test = data.train_slices[client], data.test_slices[client]
+                job = wire.ScoreJob(
+                    client, data.images[train.start : test.stop], train.stop - train.start
+                )
+                if client in held:
+                    job.step = algorithm.client_step(client)
+                else:
+                    job.omega = omega[client]
+                jobs.append(job)
+            requests.append((node, wire.SCORES, wire.scores_request(models, jobs)))
+        accuracy, omegas, finite = {}, {}, True
+        for _, content in self.executor.nodes.exchange(requests, "evaluation"):
+            scored, fitted, ok = wire.read_scores_reply(content)
+            accuracy.update(scored)
+            omegas.update(fitted)
+            finite = finite and ok
+        receive_held_out(algorithm, comm, omegas)
+        return score_tables(data, comm, accuracy, groups), None, finite
+
+
 def remote_executor(nodes: Nodes):
     """An `ExecutorFactory` for `train_run`."""
 
@@ -324,6 +412,12 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
     """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
     check_config(config)
     manifest = read_manifest(Path(config.data))
+    if not build_algorithm(config, len(manifest.clients), manifest.num_classes).client_part:
+        log.info(
+            "fedrc: %s has no client part: its E-step runs here, from the labels and logits "
+            "the nodes send (docs/flower.md, The fallback)",
+            config.algorithm,
+        )
     nodes = Nodes(grid, manifest, deployment)
     nodes.connect()
     data = server_data(manifest, nodes.labels)
@@ -343,7 +437,9 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
         )
 
     try:
-        return train_run(config, place, resume, overwrite, report, data, remote_executor(nodes))
+        return train_run(
+            config, place, resume, overwrite, report, data, remote_executor(nodes), RemoteClients
+        )
     except NodeLost as e:
         done = checkpoint_round(Path(config.out))
         if done is None:

@@ -1,11 +1,26 @@
 """What travels between the fedrc server and its SuperNodes, as Flower records.
 
-A node answers three requests (`Message.message_type`):
+For an algorithm with a client part (`Algorithm.client_part`: FedAvg, FedProx, IFCA, FedEM,
+FedRC) a node answers:
 
-- `query.hello`   → its benchmark's content hash, its client ids, and the labels of their rows
-                    (the server runs the algorithm's E-step, which needs them)
-- `query.logits`  models (R, P) and global row ids → logits (R, n, classes) on those rows
-- `train.fedrc`   local trainings (`LocalTask`s) of the node's clients → trained models, loss sums
+- `query.hello`     → its benchmark's content hash and its client ids
+- `train.steps`     models (R, P) and, per client, its `ClientStep` (the server state its E-step
+                    needs), its global training rows and batch seed → per client its upload
+                    (ω_i, FedRC's label table, …) and per local training the model row, its
+                    weight N_i, the trained parameters and the loss sum. γ, losses, logits and
+                    labels stay on the node; so does a client's memory (FedRC's Adam moments),
+                    in the node's Flower state for the run (`Context.state`)
+- `evaluate.scores` models and, per client, its global rows, the size of its training part and
+                    its ω (a held-out client: its `ClientStep`) → per client four accuracies
+                    (soft and hard, training and test part), a held-out client's ω, and whether
+                    every logit was finite
+
+For any other algorithm (the fallback: its E-step runs on the server) a node answers:
+
+- `query.hello`     → as above, plus the labels of its clients' rows
+- `query.logits`    models (R, P) and global row ids → logits (R, n, classes) on those rows
+- `train.fedrc`     local trainings (`LocalTask`s) of the node's clients → trained models, loss
+                    sums
 
 Tensors travel as an `ArrayRecord` (NumPy's own format, dtype and shape kept, so the numbers
 arrive bit for bit), scalars as a `ConfigRecord`. A flat vector that several tasks start from
@@ -19,16 +34,18 @@ holding a pixel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from pipeline.algorithms.client import ClientStep
 from pipeline.data.records import Manifest
 from pipeline.engine.task import LocalResult, LocalTask
 
 HELLO, LOGITS, TRAIN = "query.hello", "query.logits", "train.fedrc"
+STEPS, SCORES = "train.steps", "evaluate.scores"
 
 
 def global_layout(manifest: Manifest) -> tuple[list[slice], torch.Tensor]:
@@ -52,10 +69,12 @@ def tensor(record: ArrayRecord, name: str) -> torch.Tensor:
     return torch.from_numpy(record[name].numpy())
 
 
-def failure(message: str, job: int | None = None) -> RecordDict:
+def failure(message: str, job: int | None = None, client: int = -1, model: int = -1) -> RecordDict:
     """A node's one-line error; `job`: the position, in the request, of the local training
-    whose loss was not finite (the run stops with the loop's divergence message)."""
+    whose loss was not finite (the run stops with the loop's divergence message); in a
+    `train.steps` reply, its `client` and `model` name it."""
     values = {"message": message, "job": -1 if job is None else job}
+    values.update({"client": client, "model": model})
     return RecordDict({"failure": ConfigRecord(values)})
 
 
@@ -68,14 +87,24 @@ def failed(content: RecordDict) -> tuple[str, int | None] | None:
     return str(status["message"]), None if job < 0 else job
 
 
+def diverged_task(content: RecordDict) -> tuple[int, int]:
+    """(client, model) of the local training a failed `train.steps` reply names."""
+    status = content.config_records["failure"]
+    return int(status["client"]), int(status["model"])
+
+
 # --- hello -----------------------------------------------------------------------------------
 def hello_reply(
-    content_hash: str, clients: list[int], labels: torch.Tensor, where: str
+    content_hash: str, clients: list[int], labels: torch.Tensor | None, where: str
 ) -> RecordDict:
-    """`labels`: the node's clients' rows in the benchmark's global order, concatenated."""
+    """`labels`: the node's clients' rows in the benchmark's global order, concatenated; only
+    for an algorithm without a client part (None: the labels stay on the node)."""
+    data = {"clients": torch.tensor(clients, dtype=torch.int64)}
+    if labels is not None:
+        data["labels"] = labels
     return RecordDict(
         {
-            "data": arrays(clients=torch.tensor(clients, dtype=torch.int64), labels=labels),
+            "data": arrays(**data),
             "node": ConfigRecord({"content_hash": content_hash, "where": where}),
         }
     )
@@ -86,7 +115,7 @@ class Hello:
     content_hash: str
     where: str  # the node's data folder, for messages
     clients: list[int]
-    labels: torch.Tensor
+    labels: torch.Tensor | None
 
 
 def read_hello(content: RecordDict) -> Hello:
@@ -95,8 +124,149 @@ def read_hello(content: RecordDict) -> Hello:
         str(node["content_hash"]),
         str(node["where"]),
         tensor(data, "clients").tolist(),
-        tensor(data, "labels"),
+        tensor(data, "labels") if "labels" in data else None,
     )
+
+
+# --- client steps ----------------------------------------------------------------------------
+def put_step(tensors: dict, config: dict, prefix: str, step: ClientStep) -> None:
+    """A step's fields under `prefix`: tensors as arrays, the rest as config values."""
+    for name, value in step.values().items():
+        target = tensors if isinstance(value, torch.Tensor) else config
+        target[f"{prefix}{name}"] = value
+
+
+def take_step(record: ArrayRecord, config: ConfigRecord, prefix: str, step_class: type[ClientStep]):
+    """The step `put_step` wrote under `prefix`, as this node's `step_class`."""
+    values = {}
+    for f in fields(step_class):
+        key = f"{prefix}{f.name}"
+        values[f.name] = tensor(record, key) if key in record else config[key]
+    return step_class(**values)
+
+
+def steps_request(
+    models: torch.Tensor, clients: list[tuple[int, ClientStep, torch.Tensor, int]]
+) -> RecordDict:
+    """Per client: its step, its global training rows and its batches' seed."""
+    tensors, config = {"models": models}, {"clients": len(clients)}
+    for i, (client, step, rows, seed) in enumerate(clients):
+        tensors[f"{i}.rows"] = rows
+        config.update({f"{i}.client": client, f"{i}.seed": int(seed)})
+        put_step(tensors, config, f"{i}.step.", step)
+    return RecordDict({"request": arrays(**tensors), "config": ConfigRecord(config)})
+
+
+def read_steps_request(content: RecordDict, step_class: type[ClientStep]):
+    """(models, [(client, step, rows, seed)])."""
+    record, config = content.array_records["request"], content.config_records["config"]
+    clients = []
+    for i in range(int(config["clients"])):
+        step = take_step(record, config, f"{i}.step.", step_class)
+        rows = tensor(record, f"{i}.rows")
+        clients.append((int(config[f"{i}.client"]), step, rows, int(config[f"{i}.seed"])))
+    return tensor(record, "models"), clients
+
+
+def steps_reply(
+    uploads: dict[int, dict[str, torch.Tensor]], results: list[tuple[LocalTask, LocalResult]]
+) -> RecordDict:
+    """Each client's upload, and each local training's row, weight, parameters and loss sum."""
+    tensors = {
+        f"up.{c}.{name}": value for c, upload in uploads.items() for name, value in upload.items()
+    }
+    config: dict[str, int | float | str] = {"uploads": ",".join(str(c) for c in uploads)}
+    config["tasks"] = len(results)
+    for j, (task, result) in enumerate(results):
+        tensors[f"{j}.params"] = result.params
+        config.update(
+            {
+                f"{j}.client": task.client,
+                f"{j}.model": task.model,
+                f"{j}.weight": float(task.weight),
+                f"{j}.loss": float(result.loss_sum),
+            }
+        )
+    return RecordDict({"results": arrays(**tensors), "config": ConfigRecord(config)})
+
+
+def read_steps_reply(content: RecordDict, models: torch.Tensor):
+    """({client: upload}, [(task, result)]); a task carries no per-sample weights (they stay on
+    the node): what the server folds is its row, client and weight."""
+    record, config = content.array_records["results"], content.config_records["config"]
+    uploads: dict[int, dict[str, torch.Tensor]] = {}
+    for client in (int(c) for c in str(config["uploads"]).split(",") if c):
+        prefix = f"up.{client}."
+        uploads[client] = {
+            key[len(prefix) :]: tensor(record, key) for key in record if key.startswith(prefix)
+        }
+    results = []
+    for j in range(int(config["tasks"])):
+        model = int(config[f"{j}.model"])
+        task = LocalTask(model, models[model], torch.empty(0), float(config[f"{j}.weight"]))
+        task.client = int(config[f"{j}.client"])
+        result = LocalResult(tensor(record, f"{j}.params"), float(config[f"{j}.loss"]), None)
+        results.append((task, result))
+    return uploads, results
+
+
+# --- evaluation with client parts ------------------------------------------------------------
+@dataclass
+class ScoreJob:
+    """One client's evaluation on its node: all its rows (training part first), the size of
+    its training part, and its ω, or for a held-out client the step that fits it."""
+
+    client: int
+    rows: torch.Tensor
+    train: int
+    omega: torch.Tensor | None = None
+    step: ClientStep | None = None
+
+
+def scores_request(models: torch.Tensor, jobs: list[ScoreJob]) -> RecordDict:
+    tensors, config = {"models": models}, {"clients": len(jobs)}
+    for i, job in enumerate(jobs):
+        tensors[f"{i}.rows"] = job.rows
+        config.update({f"{i}.client": job.client, f"{i}.train": job.train})
+        if job.step is not None:
+            put_step(tensors, config, f"{i}.step.", job.step)
+        else:
+            tensors[f"{i}.omega"] = job.omega
+    return RecordDict({"request": arrays(**tensors), "config": ConfigRecord(config)})
+
+
+def read_scores_request(content: RecordDict, step_class: type[ClientStep] | None):
+    record, config = content.array_records["request"], content.config_records["config"]
+    jobs = []
+    for i in range(int(config["clients"])):
+        job = ScoreJob(
+            int(config[f"{i}.client"]), tensor(record, f"{i}.rows"), int(config[f"{i}.train"])
+        )
+        if f"{i}.omega" in record:
+            job.omega = tensor(record, f"{i}.omega")
+        else:
+            job.step = take_step(record, config, f"{i}.step.", step_class)
+        jobs.append(job)
+    return tensor(record, "models"), jobs
+
+
+def scores_reply(
+    accuracy: dict[int, torch.Tensor], omegas: dict[int, torch.Tensor], finite: bool
+) -> RecordDict:
+    """Per client its (2, 2) accuracies; per held-out client its ω; whether logits were finite."""
+    tensors = {f"accuracy.{c}": a for c, a in accuracy.items()}
+    tensors.update({f"omega.{c}": w for c, w in omegas.items()})
+    return RecordDict({"scores": arrays(**tensors), "config": ConfigRecord({"finite": finite})})
+
+
+def read_scores_reply(content: RecordDict):
+    """({client: accuracies}, {held-out client: ω}, finite)."""
+    record = content.array_records["scores"]
+    parts: dict[str, dict[int, torch.Tensor]] = {"accuracy": {}, "omega": {}}
+    for key in record:
+        kind, client = key.split(".")
+        parts[kind][int(client)] = tensor(record, key)
+    return parts["accuracy"], parts["omega"], bool(content.config_records["config"]["finite"])
 
 
 # --- logits ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Flower's `Grid` in one process, for fast tests of the server loop: each pushed message is
-answered at once by fedrc's ClientApp with the node config of its destination, on one torch
-thread as a real node."""
+answered at once by fedrc's ClientApp with the node config of its destination and the node's
+state for the run (`Context.state`, kept between its messages), on one torch thread as a real
+node."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class LocalGrid:
         self.replies: dict[str, Message] = {}
         self.ids = itertools.count()
         self.down: set[int] = set()  # nodes that stop answering (and leave)
+        # each node's Flower state for the run, kept across its messages as a SuperNode does
+        self.states = {node: RecordDict() for node in nodes}
         # what a SuperLink sets in a ServerApp process before messages can be made
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
@@ -34,7 +37,8 @@ class LocalGrid:
             ids.append(message_id)
             if node in self.down:
                 continue
-            context = Context(1, node, self.nodes[node], RecordDict(), self.run_config)
+            state = self.states.setdefault(node, RecordDict())
+            context = Context(1, node, self.nodes[node], state, self.run_config)
             with torch_threads(1):  # as a SuperNode of LocalDeployment (OMP_NUM_THREADS=1)
                 self.replies[message_id] = client_app(message, context)
         return ids

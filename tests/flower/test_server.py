@@ -74,7 +74,8 @@ def test_flower_server_runs_fedsoft(tiny_data: Path, tmp_path: Path) -> None:
 
 
 class DyingGrid(LocalGrid):
-    """A node that stops answering after its first local-training message of round 2."""
+    """A node that stops answering after its first local-training message of round 2 (the
+    client parts' `train.steps`, or the fallback's `train.fedrc`)."""
 
     def __init__(self, *args, victim: int) -> None:
         super().__init__(*args)
@@ -83,9 +84,9 @@ class DyingGrid(LocalGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for message in messages:
-            if (
-                message.metadata.dst_node_id == self.victim
-                and message.metadata.message_type == wire.TRAIN
+            if message.metadata.dst_node_id == self.victim and message.metadata.message_type in (
+                wire.TRAIN,
+                wire.STEPS,
             ):
                 self.trained += 1
                 if self.trained == 2:  # round 2: silent from now on, and gone from the SuperLink
@@ -157,7 +158,7 @@ class LateGrid(LocalGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for message in messages:
-            self.trained |= message.metadata.message_type == wire.TRAIN
+            self.trained |= message.metadata.message_type in (wire.TRAIN, wire.STEPS)
             self.greeted_late |= message.metadata.dst_node_id == self.late
         return super().push_messages(messages)
 

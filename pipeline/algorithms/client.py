@@ -1,0 +1,132 @@
+"""The client part of an algorithm's round: what runs where a client's data lives.
+
+For its E-step the server hands each client a `ClientStep`: the little server state that the
+client needs (FedEM: ω_i; FedRC: ω_i, the label prior C_{y,k} and which models are active; IFCA
+and FedAvg: nothing but the models). On its own data the client turns its per-sample losses
+under the K models into γ (N_i, K), which stays with it (its local trainings weigh samples by
+γ), and into an *upload*, which is all that leaves it: what the algorithm's paper sends (ω_i,
+FedRC's per-cluster label counts Σ_j γ_jk·1[y_j = y], …). The server folds the upload into its
+state with `Algorithm.receive`. One process, every torchrun rank and a Flower node run the same
+step, so their numbers agree by construction.
+
+A step is a dataclass whose fields are tensors, numbers, booleans or strings: it pickles (for
+torchrun) and travels as Flower records (`pipeline.flower.wire`). What a client keeps between
+its own E-steps (FedRC's Adam moments) is its `memory`: it stays on the client's place.
+
+The helpers below (`per_sample_losses`, `client_accuracy`) are the client's side of the E-step
+and of evaluation, shared by every place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from pipeline.engine.task import LocalTask
+
+Memory = dict[str, torch.Tensor]
+Upload = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClientOutcome:
+    """One client's E-step: γ stays with the client, the upload goes to the server, the memory
+    stays on the client's place until its next E-step (None: nothing to keep)."""
+
+    gamma: torch.Tensor  # (N_i, K)
+    upload: Upload
+    memory: Memory | None = None
+
+
+@dataclass
+class ClientStep:
+    """The client part of one algorithm; a subclass's fields are the server state it needs."""
+
+    def run(
+        self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None
+    ) -> ClientOutcome:
+        """The E-step on the client's data: its losses (N_i, K) under the K models, its labels
+        and its memory from its previous E-step. It must not send per-sample values up."""
+        raise NotImplementedError(f"{type(self).__name__} has no run")
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """A non-participating client's ω from its labelled part (protocol §2's default: the
+        model with the lowest mean loss), the only thing it sends up."""
+        return lowest_loss(losses, losses.shape[1])
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        """The client's local trainings from its γ (FedEM's default: every model k with weights
+        γ_{:,k}, counting N_i)."""
+        return soft_tasks(gamma, models)
+
+    def values(self) -> dict[str, object]:
+        """The step's fields by name (what travels)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def one_hot(index: int, size: int) -> torch.Tensor:
+    row = torch.zeros(size, dtype=torch.float64)
+    row[index] = 1.0
+    return row
+
+
+def lowest_loss(losses: torch.Tensor, size: int, rows: list[int] | None = None) -> torch.Tensor:
+    """ω one-hot (of `size`) on the model among `rows` (default: all) with the lowest mean
+    loss over the client's samples, `losses` (N, K)."""
+    if rows is None:
+        return one_hot(int(losses.mean(0).argmin()), size)
+    return one_hot(rows[int(losses[:, rows].mean(0).argmin())], size)
+
+
+def hard_gamma(losses: torch.Tensor, cluster: int) -> torch.Tensor:
+    """γ of a hard assignment: every sample of the client belongs to `cluster`."""
+    gamma = torch.zeros_like(losses)
+    gamma[:, cluster] = 1.0
+    return gamma
+
+
+def mean_omega(gamma: torch.Tensor) -> torch.Tensor:
+    """ω_i = (1/N_i) Σ_j γ_{ij} (FedEM's update; one-hot for a hard γ)."""
+    return gamma.mean(0).to("cpu", torch.float64)
+
+
+def soft_tasks(gamma: torch.Tensor, models: torch.Tensor, rows: list[int] | None = None):
+    """Model k (each of `rows`, default all) trains with weights γ_{:,k}, counting N_i."""
+    n = float(gamma.shape[0])
+    rows = range(gamma.shape[1]) if rows is None else rows
+    return [LocalTask(k, models[k], gamma[:, k], weight=n) for k in rows]
+
+
+def hard_tasks(gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+    """A hard assignment: the client trains its cluster's model alone, on all its samples."""
+    k = int(gamma[0].argmax())
+    return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
+
+
+def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy (N, K) from logits (K, N, classes)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, labels.expand(logits.shape[0], -1).unsqueeze(-1)).squeeze(-1).T
+
+
+def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.Tensor:
+    """Soft: arg-max of Σ_k ω_k softmax(z_k). Hard: the arg-max of the model with the largest ω."""
+    if hard:
+        return logits[int(torch.argmax(omega))].argmax(-1)
+    weights = omega.to(logits).view(-1, 1, 1)
+    return (weights * torch.softmax(logits, dim=-1)).sum(0).argmax(-1)
+
+
+def client_accuracy(
+    logits: torch.Tensor, labels: torch.Tensor, train: int, omega: torch.Tensor
+) -> torch.Tensor:
+    """(2, 2) accuracies of one client, [soft, hard] × [training part, test part], from the
+    logits (K, N_i, classes) of all its rows (the first `train` are its training part): four
+    numbers a client can send in place of its labels."""
+    out = torch.zeros((2, 2), dtype=torch.float64)
+    for row, hard in enumerate((False, True)):
+        for column, part in enumerate((slice(0, train), slice(train, labels.numel()))):
+            pred = predictions(logits[:, part], omega, hard)
+            out[row, column] = float((pred == labels[part]).float().mean())
+    return out
