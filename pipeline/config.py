@@ -258,7 +258,9 @@ class PartitionConfig:
             _require(s in names, "partition.styles", f"names from {where} ({', '.join(names)})", s)
 
 
-NOT_IDENTITY = ("rounds", "device", "out", "data", "executor", "chunk_clients", "checkpoint_every")
+# Options that do not change the numbers: a resumed run may change them (`resolve.resumed`), and
+# a checkpoint's identity leaves them out (`TrainConfig.identity`).
+RESUMABLE = ("rounds", "data", "out", "device", "executor", "chunk_clients", "checkpoint_every")
 
 
 @dataclass(frozen=True)
@@ -371,7 +373,7 @@ class TrainConfig:
         """What a checkpoint must match to be resumed, flat: every field that changes the
         numbers, and each setting as `<component>.<key>`."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key in (*NOT_IDENTITY, "settings"):
+        for key in (*RESUMABLE, "settings"):
             d.pop(key)
         for owner, values in self.settings.items():
             for key, value in dataclasses.asdict(values).items():

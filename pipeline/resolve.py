@@ -21,6 +21,7 @@ from pipeline import strict_yaml
 from pipeline.algorithms import ALGORITHMS, BUILT_IN
 from pipeline.config import (
     PROFILES,
+    RESUMABLE,
     TrainConfig,
     checked_values,
     refuse_non_finite,
@@ -33,8 +34,6 @@ from pipeline.settings import build_settings, coerce, field_types, require
 
 SHARED = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "settings")
 DEFAULTS = TrainConfig()
-# may differ between a run and its resumption (`resumed`): they do not change the numbers
-RESUMABLE = ("rounds", "data", "out", "device", "executor", "chunk_clients", "checkpoint_every")
 
 
 def _legacy_keys() -> set[str]:
