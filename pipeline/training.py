@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,36 +25,32 @@ import numpy as np
 import torch
 
 from pipeline import distributed
-from pipeline import run_files as rf
-from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
+from pipeline.checkpoints import Checkpoints, checkpoint_interval, resume_run
 from pipeline.checks import require_finite
 from pipeline.clients import ClientWork, LocalClients
 from pipeline.communicate import Communicator
-from pipeline.config import TrainConfig, config_dict
+from pipeline.config import TrainConfig
 from pipeline.data.drift import drifted
-from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
-from pipeline.engine import BatchedExecutor, SequentialExecutor
+from pipeline.data.shards import FederatedData, data_digest
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
 from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.evaluate import evaluate_round, per_sample_losses
-from pipeline.io import write_json
-from pipeline.live import round_logger
-from pipeline.models import build_model
-from pipeline.models.layout import head_range
-from pipeline.momentum import MomentumStore
-from pipeline.resolve import recorded_identity
 from pipeline.run_folder import open_run_dir
 from pipeline.run_lock import writer_lock
+from pipeline.run_log import RunLog
+from pipeline.run_setup import (
+    ClientsFactory,
+    ExecutorFactory,
+    Progress,
+    Run,
+    build_run,
+    load_data,
+    make_executor,
+)
 from pipeline.time_steps import ends_step, step_of
 
 RoundCallback = Callable[[dict[str, Any]], None]
-# builds a run's executor from its config and data: `make_executor` runs on this process's
-# device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
-ExecutorFactory = Callable[[TrainConfig, FederatedData, torch.device], SequentialExecutor]
-# where the client parts of an algorithm run (`pipeline.clients`): here, or on Flower's nodes
-ClientsFactory = Callable[[SequentialExecutor], LocalClients]
-CHECKPOINT_BUDGET = 512 * 2**20  # bytes a checkpoint may write per round when not told how often
 
 
 def resolve_device(name: str) -> torch.device:
@@ -76,91 +70,6 @@ def sample_clients(clients: list[int], participation: float, seed: int, round_: 
 
 def local_seed(seed: int, round_: int, client: int) -> int:
     return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
-
-
-def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings every executor takes."""
-    return dict(
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        batch_size=config.batch_size,
-        local_epochs=config.local_epochs,
-        drop_last=config.drop_last,
-    )
-
-
-def make_executor(config: TrainConfig, data: FederatedData, device: torch.device):
-    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
-    *Executors and speed*);
-    an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
-    sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
-    if sequential_only and config.executor == "batched":
-        raise FedrcError(
-            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
-            "executor runs; use auto or sequential"
-        )
-    shape = data.manifest.image_shape
-    model = build_model(shape, data.num_classes, config.model, config.model_settings)
-    sgd = sgd_options(config)
-    automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
-    batched = config.executor == "batched" or automatic
-    if batched:
-        return BatchedExecutor(
-            model, device, **sgd, chunk_tasks=config.chunk_clients, precision=config.precision
-        )
-    return SequentialExecutor(model, device, **sgd)
-
-
-def initial_models(
-    executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
-) -> torch.Tensor:
-    """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
-    torch.manual_seed(config.seed)
-    shape = data.manifest.image_shape
-    flat = []
-    for _ in range(rows):
-        model = build_model(shape, data.num_classes, config.model, config.model_settings)
-        executor.model.load_state_dict(model.state_dict())
-        flat.append(executor.flatten())
-    return torch.stack(flat)
-
-
-@dataclass
-class Run:
-    """What one training run holds on one place."""
-
-    config: TrainConfig
-    data: FederatedData
-    comm: Communicator
-    executor: SequentialExecutor
-    algorithm: Algorithm
-    models: torch.Tensor
-    momentum: MomentumStore
-    clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
-
-
-def build_run(
-    config: TrainConfig,
-    data: FederatedData,
-    comm: Communicator,
-    out: Path | None = None,
-    executor_factory: ExecutorFactory = make_executor,
-    clients_factory: ClientsFactory = LocalClients,
-) -> Run:
-    """The executor, the algorithm, the K initial models and (with `persistent_momentum`, in
-    `out`) the momentum store."""
-    executor = executor_factory(config, data, comm.device)
-    algorithm = build_algorithm(
-        config, len(data.clients), data.num_classes, head_range(executor.model)
-    )
-    models = initial_models(executor, data, config, algorithm.num_rows)
-    folder = out if config.persistent_momentum else None
-    momentum = MomentumStore(
-        folder, data.participating, algorithm.num_rows, executor.num_trainable, comm
-    )
-    return Run(config, data, comm, executor, algorithm, models, momentum, clients_factory(executor))
 
 
 def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> dict[str, Any]:
@@ -337,96 +246,6 @@ def warn_spare_models(run: Run, data: str) -> None:
         )
 
 
-def expected_state(run: Run, out: Path) -> rf.Expected:
-    """What this run's checkpoint must hold: shapes from the configured model, algorithm and
-    data, the rounds from the configuration and metrics.jsonl."""
-    models = tuple(run.models.shape)
-    return rf.Expected(
-        rounds=run.config.rounds,
-        models=models,
-        omega=tuple(run.algorithm.omega_table().shape),
-        algorithm=run.algorithm.state_dict(),
-        metrics=out / rf.METRICS,
-        logged=rf.logged_rounds(out / rf.METRICS),
-        # a checkpoint's cached logits are used, and checked, in one process only
-        logits=(models[0], run.data.labels.numel(), run.data.num_classes)
-        if run.comm.size == 1
-        else None,
-    )
-
-
-def checked_state(out: Path, wanted: dict[str, Any], run: Run) -> rf.RunState:
-    """The checkpoint to resume, refused (before anything is touched) when written with
-    another configuration, when a field does not fit the run (`rf.RunState.check`), or when
-    the momentum snapshot it names is gone or of another shape."""
-    path = out / rf.CHECKPOINT
-    recorded = rf.state_identity(path, rf.load_state(path))
-    other = rf.identity_mismatch(recorded_identity(recorded, f"{path}: identity"), wanted)
-    if other is not None:
-        raise FedrcError(
-            f"--resume: {path} was written with {other}; start a new run with another --out"
-        )
-    state = rf.RunState.load(path, expected_state(run, out))
-    if state.momentum_present is not None and run.momentum.enabled:
-        snapshot = rf.momentum_snapshot(out, state.round)
-        if not snapshot.is_file():
-            raise FedrcError(
-                f"--resume: {snapshot} not found (the momentum of {path}); start again with "
-                "--overwrite"
-            )
-        present = tuple(run.momentum.present.shape)
-        rf.check_tensor(path, "momentum_present", state.momentum_present, present, "", False)
-        try:
-            shape = np.load(snapshot, mmap_mode="r").shape
-        except (OSError, ValueError) as e:
-            raise FedrcError(f"{snapshot}: not a momentum snapshot ({e})") from None
-        if shape != (*present, run.momentum.size):
-            raise FedrcError(
-                f"{snapshot}: shape {shape}, expected {(*present, run.momentum.size)} "
-                f"(the momentum of {path})"
-            )
-    return state
-
-
-def checkpoint_interval(config: TrainConfig, run: Run) -> int:
-    """`checkpoint_every`, or when not set: every round while a checkpoint is small, else as
-    often as keeps the average write under CHECKPOINT_BUDGET bytes per round."""
-    if config.checkpoint_every is not None:
-        return config.checkpoint_every
-    logits = run.data.labels.numel() * run.models.shape[0] * run.data.num_classes
-    size = 4 * (run.models.numel() + logits)
-    if run.momentum.enabled:
-        size += len(run.momentum.clients) * run.momentum.rows * run.momentum.size * 4
-    return max(1, math.ceil(size / CHECKPOINT_BUDGET))
-
-
-def save_checkpoint(
-    run: Run,
-    out: Path,
-    identity: str,
-    round_: int,
-    eval_rounds: list[int],
-    history: list[torch.Tensor],
-    cached: torch.Tensor | None,
-) -> None:
-    """The momentum snapshot (every place takes part), then checkpoint.pt (the main place)."""
-    present = None
-    if run.momentum.enabled:
-        present = run.momentum.save(rf.momentum_snapshot(out, round_))
-    state = rf.RunState(
-        round_,
-        run.models,
-        run.algorithm.state_dict(),
-        eval_rounds,
-        history,
-        cached if run.comm.size == 1 else None,  # a place's cached rows are its own
-        torch.get_rng_state(),
-        present,
-    )
-    if run.comm.is_main:
-        state.save(out, identity)
-
-
 def evaluation_checked(
     run: Run, round_: int, data: FederatedData, groups: dict[str, list[int]] | None = None
 ) -> tuple[dict[str, Any], torch.Tensor | None]:
@@ -520,133 +339,89 @@ def train_run(
             held.enter_context(writer_lock(config.out, "--out", "fedrc train"))
 
         comm.agree(lock, everywhere=False)
-        return _train_run(
-            config, comm, resume, overwrite, on_round, data, executor_factory, clients_factory
-        )
+        data = load_data(config, comm) if data is None else data
+        config = config.over_steps(data.time_steps)  # the rounds of each time step, fixed
+        with ExitStack() as opened:
+            factories = (executor_factory, clients_factory)
+            run, progress, log, checkpoints = open_run(
+                config, comm, data, resume, overwrite, factories, opened
+            )
+            round_loop(run, data, progress, log, checkpoints, on_round)
+        checkpoints.save_model(run)
+    return Path(config.out)
 
 
-def _train_run(
+def open_run(
     config: TrainConfig,
     comm: Communicator,
+    data: FederatedData,
     resume: bool,
     overwrite: bool,
-    on_round: RoundCallback | None,
-    data: FederatedData | None,
-    executor_factory: ExecutorFactory,
-    clients_factory: ClientsFactory,
-) -> Path:
-    out, main = Path(config.out), comm.is_main
-    if data is None:
-        # Every step that can fail on one place only is agreed on: all places raise its error.
-        manifest = comm.agree(lambda: read_manifest(Path(config.data)))
-        comm.place_clients(manifest.participating, manifest.held_out)
-        mine = (
-            None
-            if comm.size == 1
-            else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
-        )
-        data = comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
-    config = config.over_steps(data.time_steps)  # the rounds of each time step, fixed
-    opened = comm.agree(lambda: open_run_dir(out, resume, overwrite), everywhere=False)
-    resume = comm.broadcast_object(opened)  # a run stopped before its checkpoint starts over
+    factories: tuple[ExecutorFactory, ClientsFactory],
+    opened: ExitStack,
+) -> tuple[Run, Progress, RunLog, Checkpoints]:
+    """A new run, or one resumed from its checkpoint in `--out` once its identity (the
+    configuration and the data's digest) is checked; its momentum store and record are closed
+    by `opened`. Every step that can fail on one place only is agreed on."""
+    out = Path(config.out)
+    ready = comm.agree(lambda: open_run_dir(out, resume, overwrite), everywhere=False)
+    resume = comm.broadcast_object(ready)  # a run stopped before its checkpoint starts over
     digest = data_digest(data.manifest)
     wanted = {**config.identity(), "data_digest": digest}
-    identity = json.dumps(wanted, sort_keys=True)
-
-    run = comm.agree(lambda: build_run(config, data, comm, out, executor_factory, clients_factory))
-    if main:
+    run = comm.agree(lambda: build_run(config, data, comm, out, *factories))
+    opened.callback(run.momentum.close)
+    if comm.is_main:
         warn_spare_models(run, config.data)
-    live = None
-    try:
-        start, cached, eval_rounds, history = 0, None, [], []
-        if resume:  # the main place reads the checkpoint and sends it to the others
-            state = comm.broadcast_object(
-                comm.agree(lambda: checked_state(out, wanted, run), everywhere=False)
-            )
-            run.models = state.models.to(comm.device)
-            run.algorithm.load_state_dict(state.algorithm)
-            start, eval_rounds, history = state.round, state.eval_rounds, state.omega_history
-            snapshot = rf.momentum_snapshot(out, state.round)
-            run.momentum.load(snapshot, state.momentum_present, state.legacy_momentum)
-            if state.rng is not None:
-                torch.set_rng_state(state.rng)
-            if comm.size == 1 and state.cached_logits is not None:  # rows differ across places
-                cached = state.cached_logits.to(comm.device)
-            if main:
-                rf.truncate_metrics(out / rf.METRICS, start)
-        # Extending a finished run: its files stay as they were (whole) until the extension's
-        # first checkpoint, where model.pt goes, then config.json, the rounds' rows and the
-        # checkpoint come: a kill anywhere leaves a folder that `--resume` continues.
-        pending: list[dict[str, Any]] | None = None
-        if main and resume and (out / rf.MODEL).is_file() and start < config.rounds:
-            pending = []
-        if main:
-            if pending is None:
-                write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
-            logged = rf.read_metrics(out / rf.METRICS) if resume else []
-            live = round_logger(out, logged)
-        every = checkpoint_interval(config, run)
-        full, steps, per_step = data, data.time_steps, config.rounds_per_step
+    progress = resume_run(run, out, wanted) if resume else Progress()
+    log = RunLog(run, out, digest)
+    opened.callback(log.close)
+    log.open(progress, resume)
+    identity = json.dumps(wanted, sort_keys=True)
+    return run, progress, log, Checkpoints(out, identity, checkpoint_interval(config, run))
 
-        def record(rows: list[dict[str, Any]]) -> None:
-            """metrics.jsonl, assignments.parquet and DVCLive (the main place)."""
-            for row in rows:
-                rf.append_metrics(out / rf.METRICS, row)
-                if live is not None:
-                    live(row)
-            rounds_steps = [step_of(r, per_step, steps) for r in eval_rounds]
-            rf.write_assignments(
-                out / rf.ASSIGNMENTS, eval_rounds, history, full.clients, rounds_steps
-            )
 
-        for round_ in range(start + 1, config.rounds + 1):
-            tic = time.perf_counter()
-            step = step_of(round_, per_step, steps)
-            run.data = full.at_step(step)
-            if steps > 1 and (round_ == 1 or step_of(round_ - 1, per_step, steps) != step):
-                run.algorithm.begin_step(step)
-            row = train_round(round_, run, cached)
-            cached = None
-            boundary = ends_step(round_, per_step, steps)
-            if round_ % config.eval_every == 0 or round_ == config.rounds or boundary:
-                groups = drift_groups(full, step)
-                scores, cached = evaluation_checked(run, round_, run.data, groups)
-                if "clients_scored" in scores:  # an absent node's rows were not computed
-                    cached = None
-                row.update(scores)
-                eval_rounds.append(round_)
-                history.append(run.algorithm.omega_table().float())
-            if boundary:
-                scores, cached = next_step_scores(run, full, step, round_)
-                row.update(scores)
-            at = {"step": step} if steps > 1 else {}
-            row = {"round": round_, **at, **row, "seconds": time.perf_counter() - tic}
-            if main and pending is not None:
-                pending.append(row)
-            elif main:
-                record([row])
-            if round_ % every == 0 or round_ == config.rounds:
-                if pending is not None:  # the run is unfinished from here on
-                    (out / rf.MODEL).unlink(missing_ok=True)
-                    write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
-                    record(pending)
-                    pending = None
-                save_checkpoint(run, out, identity, round_, eval_rounds, history, cached)
-            if main and on_round is not None:
-                on_round(row)
-    finally:
-        run.momentum.close()
-        if live is not None:
-            live.close()
+def round_loop(
+    run: Run,
+    full: FederatedData,
+    progress: Progress,
+    log: RunLog,
+    checkpoints: Checkpoints,
+    on_round: RoundCallback | None,
+) -> None:
+    """The rounds after `progress.round` up to the last, each logged, checkpointed when due and
+    handed to `on_round` (the main place)."""
+    for round_ in range(progress.round + 1, run.config.rounds + 1):
+        row = play_round(round_, run, full, progress)
+        log.add(row, progress)
+        if checkpoints.due(run, round_):
+            log.before_checkpoint(progress)
+            checkpoints.save(run, progress)
+        if run.comm.is_main and on_round is not None:
+            on_round(row)
 
-    if main:
-        rf.save_model(
-            out,
-            identity,
-            config.rounds,
-            config.algorithm,
-            run.models,
-            run.algorithm.omega_table(),
-            run.algorithm.state_dict(),
-        )
-    return out
+
+def play_round(round_: int, run: Run, full: FederatedData, progress: Progress) -> dict[str, Any]:
+    """One round on its time step's data (`full` holds every step): train, then evaluate when
+    due and, at the end of a step, score the next step's data. Returns the round's row."""
+    tic = time.perf_counter()
+    config, steps, per_step = run.config, full.time_steps, run.config.rounds_per_step
+    step = step_of(round_, per_step, steps)
+    run.data = full.at_step(step)
+    if steps > 1 and (round_ == 1 or step_of(round_ - 1, per_step, steps) != step):
+        run.algorithm.begin_step(step)
+    row = train_round(round_, run, progress.cached)
+    progress.round, progress.cached = round_, None
+    boundary = ends_step(round_, per_step, steps)
+    if round_ % config.eval_every == 0 or round_ == config.rounds or boundary:
+        groups = drift_groups(full, step)
+        scores, progress.cached = evaluation_checked(run, round_, run.data, groups)
+        if "clients_scored" in scores:  # an absent node's rows were not computed
+            progress.cached = None
+        row.update(scores)
+        progress.eval_rounds.append(round_)
+        progress.history.append(run.algorithm.omega_table().float())
+    if boundary:
+        scores, progress.cached = next_step_scores(run, full, step, round_)
+        row.update(scores)
+    at = {"step": step} if steps > 1 else {}
+    return {"round": round_, **at, **row, "seconds": time.perf_counter() - tic}

@@ -715,10 +715,11 @@ def test_the_model_check_leaves_no_trace() -> None:
 def test_cached_logits_are_checked_in_one_process_only(here: Path) -> None:
     """Under torchrun a place holds its own clients' rows: a checkpoint's cached logits (of
     every row, written by one process) are not used there, so their shape is not checked."""
+    from pipeline.checkpoints import expected_state
     from pipeline.communicate import Communicator
     from pipeline.data.shards import load_federated
     from pipeline.stages import run_config
-    from pipeline.training import build_run, expected_state
+    from pipeline.training import build_run
 
     data = load_federated(Path("d"))
     run = build_run(run_config(Path("r")), data, Communicator(torch.device("cpu")))

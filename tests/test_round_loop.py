@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline import checkpoints, training
 from pipeline import momentum as momentum_module
 from pipeline import run_files as rf
-from pipeline import training
 from pipeline.algorithms import build_algorithm
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
@@ -167,11 +167,11 @@ def test_checkpoint_interval_grows_with_the_state(
     config = tiny_config(tiny_data, tmp_path, persistent_momentum=True)
     run = training.build_run(config, load_federated(tiny_data), Communicator(CPU), tmp_path)
     try:
-        assert training.checkpoint_interval(config, run) == 1  # a small state: every round
+        assert checkpoints.checkpoint_interval(config, run) == 1  # a small state: every round
         momentum_bytes = len(run.data.participating) * run.momentum.rows * run.momentum.size * 4
-        monkeypatch.setattr(training, "CHECKPOINT_BUDGET", momentum_bytes // 4)
-        assert training.checkpoint_interval(config, run) >= 4
-        assert training.checkpoint_interval(replace(config, checkpoint_every=2), run) == 2
+        monkeypatch.setattr(checkpoints, "CHECKPOINT_BUDGET", momentum_bytes // 4)
+        assert checkpoints.checkpoint_interval(config, run) >= 4
+        assert checkpoints.checkpoint_interval(replace(config, checkpoint_every=2), run) == 2
     finally:
         run.momentum.close()
 

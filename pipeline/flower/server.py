@@ -42,7 +42,8 @@ from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
 from pipeline.models import build_model
 from pipeline.run_files import checkpoint_round
-from pipeline.training import sgd_options, train_run
+from pipeline.run_setup import sgd_options
+from pipeline.training import train_run
 
 log = logging.getLogger("fedrc.flower")
 WINDOW = 2  # requests in flight per node: one being worked on, one waiting in the SuperLink

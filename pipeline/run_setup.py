@@ -1,0 +1,143 @@
+"""What one training run holds on one place, how it is built, and where it stands.
+
+`Run` is what the round loop works on (configuration, data, communicator, executor, algorithm,
+models, momentum, client parts); `Progress` is what a checkpoint saves of the loop's own
+bookkeeping. Building a run draws the K initial models from the run's seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
+from pipeline.clients import LocalClients
+from pipeline.communicate import Communicator
+from pipeline.config import TrainConfig
+from pipeline.data.shards import FederatedData, load_federated, read_manifest
+from pipeline.engine import BatchedExecutor, SequentialExecutor
+from pipeline.errors import FedrcError
+from pipeline.models import build_model
+from pipeline.models.layout import head_range
+from pipeline.momentum import MomentumStore
+
+# builds a run's executor from its config and data: `make_executor` runs on this process's
+# device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
+ExecutorFactory = Callable[[TrainConfig, FederatedData, torch.device], SequentialExecutor]
+# where the client parts of an algorithm run (`pipeline.clients`): here, or on Flower's nodes
+ClientsFactory = Callable[[SequentialExecutor], LocalClients]
+
+
+def sgd_options(config: TrainConfig) -> dict[str, Any]:
+    """The local SGD settings every executor takes."""
+    return dict(
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        local_epochs=config.local_epochs,
+        drop_last=config.drop_last,
+    )
+
+
+def make_executor(
+    config: TrainConfig, data: FederatedData, device: torch.device
+) -> SequentialExecutor:
+    """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
+    *Executors and speed*);
+    an algorithm whose local training only the sequential executor runs (`needs_sequential`:
+    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
+    sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
+    if sequential_only and config.executor == "batched":
+        raise FedrcError(
+            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
+            "executor runs; use auto or sequential"
+        )
+    shape = data.manifest.image_shape
+    model = build_model(shape, data.num_classes, config.model, config.model_settings)
+    sgd = sgd_options(config)
+    automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
+    batched = config.executor == "batched" or automatic
+    if batched:
+        return BatchedExecutor(
+            model, device, **sgd, chunk_tasks=config.chunk_clients, precision=config.precision
+        )
+    return SequentialExecutor(model, device, **sgd)
+
+
+def initial_models(
+    executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
+) -> torch.Tensor:
+    """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
+    torch.manual_seed(config.seed)
+    shape = data.manifest.image_shape
+    flat = []
+    for _ in range(rows):
+        model = build_model(shape, data.num_classes, config.model, config.model_settings)
+        executor.model.load_state_dict(model.state_dict())
+        flat.append(executor.flatten())
+    return torch.stack(flat)
+
+
+@dataclass
+class Run:
+    """What one training run holds on one place."""
+
+    config: TrainConfig
+    data: FederatedData
+    comm: Communicator
+    executor: SequentialExecutor
+    algorithm: Algorithm
+    models: torch.Tensor
+    momentum: MomentumStore
+    clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+
+
+@dataclass
+class Progress:
+    """Where the round loop stands: the last round done, the rounds evaluated so far with each
+    one's ω table, and the logits of the current models that the next E-step may reuse."""
+
+    round: int = 0
+    eval_rounds: list[int] = field(default_factory=list)
+    history: list[torch.Tensor] = field(default_factory=list)
+    cached: torch.Tensor | None = None  # (R, N, classes) of this place's rows
+
+
+def load_data(config: TrainConfig, comm: Communicator) -> FederatedData:
+    """The benchmark on this place's device, each place holding its own clients' rows. Every
+    step that can fail on one place only is agreed on: all places raise its error."""
+    manifest = comm.agree(lambda: read_manifest(Path(config.data)))
+    comm.place_clients(manifest.participating, manifest.held_out)
+    mine = (
+        None
+        if comm.size == 1
+        else {c.client_id for c in manifest.clients if comm.owns(c.client_id)}
+    )
+    return comm.agree(lambda: load_federated(Path(config.data), mine)).to(comm.device)
+
+
+def build_run(
+    config: TrainConfig,
+    data: FederatedData,
+    comm: Communicator,
+    out: Path | None = None,
+    executor_factory: ExecutorFactory = make_executor,
+    clients_factory: ClientsFactory = LocalClients,
+) -> Run:
+    """The executor, the algorithm, the K initial models and (with `persistent_momentum`, in
+    `out`) the momentum store."""
+    executor = executor_factory(config, data, comm.device)
+    algorithm = build_algorithm(
+        config, len(data.clients), data.num_classes, head_range(executor.model)
+    )
+    models = initial_models(executor, data, config, algorithm.num_rows)
+    folder = out if config.persistent_momentum else None
+    momentum = MomentumStore(
+        folder, data.participating, algorithm.num_rows, executor.num_trainable, comm
+    )
+    return Run(config, data, comm, executor, algorithm, models, momentum, clients_factory(executor))
