@@ -100,24 +100,33 @@ def summarize(
     scores = table.tolist()
     by_concept = {data.manifest.concept_name(h): scores[h][1] for h in held}
     missing = {} if bool(scored.all()) else {"clients_scored": int(scored.sum())}
-    over_time = {}
-    if data.time_steps > 1:
-        local: dict[str, list[float]] = {}
-        for i in part:
-            local.setdefault(data.manifest.concept_name(i), []).append(scores[i][1])
-        over_time["local_accuracy_by_concept"] = {k: float(np.mean(v)) for k, v in local.items()}
-    for name, members in (groups or {}).items():
-        values = [scores[i][1] for i in members if scored[i]]
-        if values:
-            over_time[f"{name}_accuracy"] = float(np.mean(values))
     return {
         **missing,
         "train_accuracy": float(np.mean([scores[i][0] for i in part])),
         "local_accuracy": float(np.mean([scores[i][1] for i in part])),
         "global_accuracy": float(np.mean([scores[h][1] for h in held])),
         "global_accuracy_by_concept": by_concept,
-        **over_time,
+        **drift_accuracies(data, scores, part, groups or {}),
     }
+
+
+def drift_accuracies(
+    data: FederatedData, scores: list[list[float]], part: list[int], groups: dict[str, list[int]]
+) -> dict[str, Any]:
+    """`summarize`'s scores of a drifting benchmark from `scores` (clients, 3): the local
+    accuracy per concept of the step over the scored participating clients `part`, and each
+    group's mean test accuracy over its scored members."""
+    found: dict[str, Any] = {}
+    if data.time_steps > 1:
+        local: dict[str, list[float]] = {}
+        for i in part:
+            local.setdefault(data.manifest.concept_name(i), []).append(scores[i][1])
+        found["local_accuracy_by_concept"] = {k: float(np.mean(v)) for k, v in local.items()}
+    for name, members in groups.items():
+        values = [scores[i][1] for i in members if scores[i][2] > 0]
+        if values:
+            found[f"{name}_accuracy"] = float(np.mean(values))
+    return found
 
 
 def fit_held_out(
