@@ -7,6 +7,7 @@ import torch
 
 from pipeline.algorithms import build_algorithm
 from pipeline.engine import LocalResult, LocalTask
+from pipeline.errors import FedrcError
 from pipeline.resolve import make_config
 
 
@@ -120,6 +121,31 @@ def test_fedrc_adam_first_e_step_starts_from_uniform_with_zero_moments() -> None
     g = torch.full((1, 3), 1 / 3) - plain
     torch.testing.assert_close(rc.adam[0]["m"], 0.1 * g)  # (1 − β1) g from ν = 0
     torch.testing.assert_close(rc.adam[0]["v"], 0.01 * g * g)  # (1 − β2) g² from a = 0
+
+
+def test_fedem_adam_e_step_is_fedrcs_and_hand_computed() -> None:
+    """FedEM with `estep: adam`, the Adam E-step FedRC uses. Plain γ̃ = (0.8, 0.2) on a first
+    visit from γ^0 = (½, ½) with zero moments: g = (−0.3, 0.3), ν = 0.1 g, a = 0.01 g²,
+    step = (ν/0.1) / sqrt(a/0.01) = sign(g) → γ = (½, ½) − (−1, 1) → clip → (1, 0). The default
+    `em` keeps γ̃ and no memory."""
+    em, adam = make("fedem"), make("fedem", estep="adam")
+    losses = torch.tensor([[0.0, math.log(4.0)]])  # with ω = (½, ½): γ̃ = (0.8, 0.2)
+    labels = torch.tensor([0])
+    torch.testing.assert_close(em.e_step(0, losses, labels), torch.tensor([[0.8, 0.2]]))
+    assert em.adam == {}
+    gamma = adam.e_step(0, losses, labels)
+    torch.testing.assert_close(gamma, torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(adam.omega[0], torch.tensor([1.0, 0.0], dtype=torch.float64))
+    g = torch.tensor([[-0.3, 0.3]])
+    torch.testing.assert_close(adam.adam[0]["m"], 0.1 * g)
+    torch.testing.assert_close(adam.adam[0]["v"], 0.01 * g * g)
+    rc = make("fedrc", estep="adam")  # a uniform label prior: the same step, the same numbers
+    torch.testing.assert_close(rc.e_step(0, losses, labels), gamma)
+    resumed = make("fedem", estep="adam")  # the memory is in the checkpointed state
+    resumed.load_state_dict(adam.state_dict())
+    torch.testing.assert_close(resumed.adam[0]["gamma"], gamma)
+    with pytest.raises(FedrcError, match=r"fedem\.estep: expected one of"):
+        make("fedem", estep="sgd")
 
 
 def test_adaptive_k_removes_models_below_delta() -> None:
