@@ -249,6 +249,16 @@ def resumed(
     `--params` (./params.yaml is not read: a run resumes as it began). A value that would change
     the numbers gets one line naming it, both values, and what to do."""
     raw = section(params or {}, "train")
+    changed = _resumable_changes(saved, raw, options, run)
+    _refuse_changed_settings(saved, raw, sets, run)
+    return dataclasses.replace(saved, **changed)
+
+
+def _resumable_changes(
+    saved: TrainConfig, raw: dict[str, Any], options: dict[str, Any], run: str
+) -> dict[str, Any]:
+    """The shared options given (in `raw` or `options`) that differ from `saved`'s, each one
+    that may change on resume (`RESUMABLE`); any other is refused."""
     shared = checked_values(TrainConfig, {k: v for k, v in raw.items() if k in SHARED}, "train")
     flags = {k: f"--{k.replace('_', '-')}" for k in SHARED}
     where = {**{k: f"train.{k} in --params" for k in shared}, **flags}
@@ -261,6 +271,14 @@ def resumed(
                 f"leave it out to resume (only {', '.join(flags[k] for k in RESUMABLE)} may "
                 "change), or start again with --overwrite"
             )
+    return changed
+
+
+def _refuse_changed_settings(
+    saved: TrainConfig, raw: dict[str, Any], sets: list[str], run: str
+) -> None:
+    """A setting given (under its component in `raw`, or with `--set`) that differs from
+    `saved`'s: one line naming it."""
     collected = _Collected(saved.algorithm, saved.model)
     for name, settings in saved.settings.items():
         collected.values[name] = dataclasses.asdict(settings)
@@ -274,4 +292,3 @@ def resumed(
                 f"--set {key}: {run} was trained with {before[key]!r}, not {value!r}; leave it "
                 "out to resume, or start again with --overwrite"
             )
-    return dataclasses.replace(saved, **changed)
