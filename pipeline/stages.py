@@ -262,5 +262,7 @@ def _plot(config: PlotConfig) -> list[Path]:
     metrics = rf.read_metrics(run / rf.METRICS)
     assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
-    name = f"{label} ({run.resolve().name})"
+    folder = run.resolve().name  # runs/fedrc: "FedRC", not "FedRC (fedrc)"
+    same = folder.lower() in (train_config.algorithm.lower(), label.lower())
+    name = label if same else f"{label} ({folder})"
     return draw_all(run / "plots", metrics, assignments, manifest, name, config.dpi)
