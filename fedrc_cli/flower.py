@@ -13,7 +13,6 @@ from fedrc_cli.options import dataclass_options, with_options
 from fedrc_cli.train import SetOption
 from pipeline.config import TrainConfig, read_params
 from pipeline.flower.appconfig import ON_NODE_LOSS, Deployment, check_config, write_app
-from pipeline.resolve import train_config
 
 flower = typer.Typer(
     name="flower",
@@ -48,6 +47,8 @@ def app(
     with user_errors():
         if on_node_loss not in ON_NODE_LOSS:
             raise fail(f"--on-node-loss: expected one of {ON_NODE_LOSS}, got {on_node_loss!r}")
+        from pipeline.resolve import train_config  # torch: the algorithms' own settings
+
         config = train_config(read_params(params), options, set_ or [])
         check_config(config)
         # the ServerApp runs in the SuperLink's working folder: make paths absolute here
