@@ -111,3 +111,20 @@ def test_run_settings_refuse_what_a_run_config_override_got_wrong(values, error)
     """`flwr run --run-config` may give any key any TOML value: each is one line."""
     with pytest.raises(FedrcError, match=re.escape(error)):
         run_settings(values)
+
+
+def test_the_docs_add_the_flwr_connection_once(tmp_path: Path) -> None:
+    """docs/flower.md's block that adds the SuperLink to `config.toml` may run twice."""
+    page = (ROOT / "docs" / "flower.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "fedrc-local]" in b]
+    script = "\n".join(line for line in block.splitlines() if not line.startswith("flwr run"))
+    config = tmp_path / "flwr" / "config.toml"
+    env = {**os.environ, "FLWR_HOME": str(config.parent)}
+    for _ in range(2):
+        subprocess.run(["bash", "-euc", script], env=env, check=True, timeout=30)
+    written = tomllib.loads(config.read_text())  # a repeated table would not parse
+    assert written["superlink"]["fedrc-local"] == {"address": "127.0.0.1:9090", "insecure": True}
+    config.write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
+    subprocess.run(["bash", "-euc", script], env=env, check=True, timeout=30)  # flwr's own file
+    names = set(tomllib.loads(config.read_text())["superlink"])
+    assert names == {"default", "local", "fedrc-local"}
