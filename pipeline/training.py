@@ -34,6 +34,7 @@ from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
+from pipeline.derived import derived_outputs, remove_derived
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult
@@ -280,14 +281,15 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
             raise FedrcError(f"--resume: no checkpoint in {out}")
         return
     owned = rf.train_outputs(out)
-    if any(p.exists() for p in owned):
+    if any(p.exists() for p in [*owned, *derived_outputs(out)]):
         if not overwrite:
             raise FedrcError(
                 f"--out: {out} already holds a run; pass --resume to continue it or "
                 "--overwrite to start again"
             )
-        for p in owned:  # only train's own files: eval and plot outputs belong to their stages
+        for p in owned:  # train's own files, and what eval and plot made of them
             p.unlink(missing_ok=True)
+        remove_derived(out)
         shutil.rmtree(out / LIVE_FOLDER, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -513,6 +515,8 @@ def _train_run(
                 cached = state.cached_logits.to(comm.device)
             if main:
                 rf.truncate_metrics(out / rf.METRICS, start)
+                if start < config.rounds:  # eval.json and plots/ describe fewer rounds
+                    remove_derived(out)
         if main:
             write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
             logged = rf.read_metrics(out / rf.METRICS) if resume else []
