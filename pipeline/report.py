@@ -7,8 +7,9 @@ last round, and at a quarter, half, three quarters and all of the rounds (is it 
 climbing?). Every number comes from the runs' own files: eval.json (accuracies, purity),
 metrics.jsonl (rounds run, global accuracy per evaluated round), config.json (configuration,
 seed, benchmark) and assignments.parquet (ω at the last evaluated round, for the cluster maps).
-An eval.json is used only while it matches its run: the model.pt it scored (SHA-256, listed in
-report.csv's `models`), the last round of metrics.jsonl and the benchmark (`check_made_from`).
+An eval.json is used only while it matches its run: the model it scored (model.pt's digest,
+listed in report.csv's `models`), the last round of metrics.jsonl and the benchmark
+(`check_made_from`).
 On a drifting benchmark a second table gives eval.json's `over_time` numbers: the mean over steps
 of the local and the next-step accuracy, the drifted clients' accuracy right after their drift,
 the rounds they took to recover, concept purity, and the next-step accuracy at every step.
@@ -80,7 +81,7 @@ class Run:
     result: dict[str, Any]
     rounds: int
     global_curve: dict[int, float]  # evaluated round → soft global accuracy (metrics.jsonl)
-    model_sha256: str = ""  # of the model.pt that eval.json scored (checked when read)
+    model_digest: str = ""  # of the model.pt that eval.json scored (checked when read)
 
     @property
     def seed(self) -> int:
@@ -271,7 +272,7 @@ def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
             "rounds": str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}",
             "lr": group.config["lr"],
             "best_round": " ".join(str(r.result["best_round"]) for r in group.runs),
-            "models": " ".join(r.model_sha256[:12] for r in group.runs),  # what was scored
+            "models": " ".join(r.model_digest[:12] for r in group.runs),  # what was scored
             "selected": group.selected,
         }
         for stem in METRICS:

@@ -16,7 +16,7 @@ from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest, load_federated
-from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from
+from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.drift_scores import over_time
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
@@ -154,6 +154,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         logged=max((r["round"] for r in metrics), default=0),
     )
     rf.check_model(run / rf.MODEL, final, expect)  # before anything in it is used
+    model = state_digest(final)
     if final["round"] != expect.logged:  # best-train and last round must be one run's
         raise FedrcError(
             f"{run / rf.MODEL}: holds round {final['round']}, but {run / rf.METRICS} runs to "
@@ -207,7 +208,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
-        "made_from": made_from(run, final["round"], recorded["data_digest"]),
+        "made_from": made_from(model, final["round"], recorded["data_digest"]),
     }
     if data.time_steps > 1:
         assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
@@ -253,5 +254,5 @@ def _plot(config: PlotConfig) -> list[Path]:
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
     name = f"{label} ({run.resolve().name})"
     last = max((r["round"] for r in metrics), default=0)
-    sources = made_from(run, last, digest)
+    sources = made_from(model_digest(run), last, digest)
     return draw_all(run / PLOTS, metrics, assignments, manifest, name, config.dpi, sources)

@@ -32,6 +32,7 @@ from pipeline import run_files as rf
 from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
 from pipeline.data.records import content_hash, covered_records
+from pipeline.derived import model_digest, state_digest
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 from pipeline.models import MODELS, build_model
@@ -1049,7 +1050,8 @@ def test_derived_outputs_name_what_they_were_made_from(here: Path) -> None:
     """eval.json and plots/ record the model.pt they describe (its SHA-256), the round and
     the benchmark."""
     digest = json.loads(Path("r/config.json").read_text())["data_digest"]
-    wanted = {"model_sha256": sha256(here / "r/model.pt"), "round": 2, "data_digest": digest}
+    model = state_digest(rf.load_state(here / "r/model.pt"))
+    wanted = {"model_digest": model, "round": 2, "data_digest": digest}
     assert json.loads(Path("r/eval.json").read_text())["made_from"] == wanted
     drawn = json.loads(Path("r/plots/made_from.json").read_text())
     assert drawn == {**wanted, "assignments_round": 2}
@@ -1077,7 +1079,7 @@ def test_report_refuses_an_eval_json_of_another_model(here: Path) -> None:
     Path("r/eval.json").write_text(old)
     before = snapshot(here)
     line = assert_one_line(invoke("report", "r", "--out", "rep2"), code=2)
-    assert f"{here}/r/eval.json: scored another model.pt (SHA-256 " in line, line
+    assert f"{here}/r/eval.json: scored another model (digest " in line, line
     assert line.endswith(f"run `fedrc eval --run {here}/r` again"), line
     assert snapshot(here) == before
     recorded = json.loads(old)
@@ -1088,7 +1090,7 @@ def test_report_refuses_an_eval_json_of_another_model(here: Path) -> None:
     assert invoke("eval", "--run", "r").exit_code == 0
     assert invoke("report", "r", "--out", "rep2").exit_code == 0
     with open("rep2/report.csv") as f:
-        assert sha256(here / "r/model.pt")[:12] in f.read()  # the report names what it read
+        assert model_digest(here / "r")[:12] in f.read()  # the report names what it read
 
 
 def test_report_refuses_an_eval_json_behind_its_metrics(here: Path) -> None:
