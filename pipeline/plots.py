@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +200,12 @@ def draw_all(
     manifest: Manifest,
     run: str,
     dpi: int,
+    made_from: dict[str, Any] | None = None,
 ) -> list[Path]:
     """`run` names the figures: the algorithm as a report prints it, and the run folder where
     it is not just the algorithm's name. The
     cluster map and ω of a drifting run are those of its last step; `timeline.png` shows them
-    over time."""
+    over time. `made_from` (the run's identity) is written beside them as made_from.json."""
     round_, omega = final_omega(assignments)
     names = ["cluster_map.png", "accuracy.png", "omega.png"]
     last = manifest.at_step(manifest.time_steps - 1)
@@ -214,4 +216,7 @@ def draw_all(
         if manifest.time_steps > 1:
             names.append("timeline.png")
             draw_timeline(tmp / names[3], metrics, assignments, manifest, run, dpi)
+        if made_from is not None:
+            made_from = {**made_from, "assignments_round": round_}
+            (tmp / "made_from.json").write_text(json.dumps(made_from, indent=2, sort_keys=True))
     return [folder / n for n in names]

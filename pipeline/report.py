@@ -7,6 +7,9 @@ last round, and at a quarter, half, three quarters and all of the rounds (is it 
 climbing?). Every number comes from the runs' own files: eval.json (accuracies, purity),
 metrics.jsonl (rounds run, global accuracy per evaluated round), config.json (configuration,
 seed, benchmark) and assignments.parquet (ω at the last evaluated round, for the cluster maps).
+An eval.json is used only while it matches its run: the model it scored (model.pt's digest,
+listed in report.csv's `models`), the last round of metrics.jsonl and the benchmark
+(`check_made_from`).
 On a drifting benchmark a second table gives eval.json's `over_time` numbers: the mean over steps
 of the local and the next-step accuracy, the drifted clients' accuracy right after their drift,
 the rounds they took to recover, concept purity, and the next-step accuracy at every step.
@@ -30,6 +33,7 @@ from pipeline.algorithms.base import HardClustering
 from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
+from pipeline.derived import check_made_from
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 from pipeline.resolve import from_values
@@ -78,6 +82,7 @@ class Run:
     result: dict[str, Any]
     rounds: int
     global_curve: dict[int, float]  # evaluated round → soft global accuracy (metrics.jsonl)
+    model_digest: str = ""  # of the model.pt that eval.json scored (checked when read)
 
     @property
     def seed(self) -> int:
@@ -156,7 +161,9 @@ def load_run(path: Path) -> Run:
     if not rows:
         raise FedrcError(f"{path / rf.METRICS}: no rounds")
     curve = {r["round"]: r["global_accuracy"] for r in rows if "global_accuracy" in r}
-    return Run(path, config, result, max(r["round"] for r in rows), curve)
+    last = max(r["round"] for r in rows)
+    model = check_made_from(path, result, config["data_digest"], last)
+    return Run(path, config, result, last, curve, model)
 
 
 def _identity(run: Run) -> tuple:
@@ -267,6 +274,7 @@ def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
             "rounds": str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}",
             "lr": group.config["lr"],
             "best_round": " ".join(str(r.result["best_round"]) for r in group.runs),
+            "models": " ".join(r.model_digest[:12] for r in group.runs),  # what was scored
             "selected": group.selected,
         }
         for stem in METRICS:

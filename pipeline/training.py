@@ -35,6 +35,7 @@ from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig, config_dict
 from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest, load_federated, read_manifest
+from pipeline.derived import remove_derived
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
@@ -628,6 +629,7 @@ def _train_run(
             if round_ % every == 0 or round_ == config.rounds:
                 if pending is not None:  # the run is unfinished from here on
                     (out / rf.MODEL).unlink(missing_ok=True)
+                    remove_derived(out)  # eval.json and plots/ describe fewer rounds
                     write_json(out / rf.CONFIG, {**config_dict(config), "data_digest": digest})
                     record(pending)
                     pending = None
