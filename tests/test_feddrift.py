@@ -117,6 +117,39 @@ def test_merge_folds_rows_closer_than_delta_prime_by_their_chunk_counts() -> Non
     assert algo.round_info() == {"active_models": 2} and int(algo.cluster[2]) == 1
 
 
+@pytest.mark.parametrize(
+    ("distance", "losses", "merged"),
+    [
+        # L_0(θ_0) 0.5, L_0(θ_1) 0.6, L_1(θ_0) 0.45, L_1(θ_1) 0.3. data: max(0.6 − 0.5,
+        # 0.45 − 0.3) = 0.15 ≤ δ′ = 0.2; model: max(0.45 − 0.5, 0.6 − 0.3) = 0.3 > δ′
+        ("data", ((0.5, 0.6), (0.45, 0.3)), True),
+        ("model", ((0.5, 0.6), (0.45, 0.3)), False),
+        # L_0(θ_0) 0.2, L_0(θ_1) 0.5, L_1(θ_0) 0.38, L_1(θ_1) 0.35. data: max(0.3, 0.03) = 0.3;
+        # model (the authors' 'A'): max(0.38 − 0.2, 0.5 − 0.35) = 0.18
+        ("data", ((0.2, 0.5), (0.38, 0.35)), False),
+        ("model", ((0.2, 0.5), (0.38, 0.35)), True),
+    ],
+)
+def test_the_merge_distance_is_on_the_clusters_data_or_on_the_models(
+    distance: str, losses: tuple, merged: bool
+) -> None:
+    """Client 2 drifts to row 1 at step 1; at step 2 clients 0, 1 (cluster 0) and 2 (cluster 1)
+    score rows 0 and 1 with the losses L_a(θ_b) above (row 2 unused); each client's best row is
+    its own, so only the merge can join them."""
+    algo = make(distance=distance)
+    models = torch.zeros(3, 2)
+    same = ([1.0, 1.0, 1.0], [0.0, 0.0])
+    step(algo, 0, models, dict.fromkeys(range(3), same))
+    stay = ([0.5, 9.0, 9.0], [0.0, 0.0])
+    step(algo, 1, models, {0: stay, 1: stay, 2: ([1.5, 9.0, 9.0], [0.0, 0.0])})
+    assert algo.cluster[:3].tolist() == [0, 0, 1]
+    (a, b), (c, d) = losses
+    cluster0 = ([a, b, 9.0], [0.0, 0.0])
+    step(algo, 2, models, {0: cluster0, 1: cluster0, 2: ([c, d, 9.0], [0.0, 0.0])})
+    assert algo.cluster[:3].tolist() == ([0, 0, 0] if merged else [0, 0, 1])
+    assert algo.round_info() == {"active_models": 1 if merged else 2}
+
+
 def test_clients_that_left_a_model_still_score_it_for_the_merge() -> None:
     """Two clients drift together to rows 1 and 2; at the next step both pick row 2 as best.
     Row 1 has no member left, but client 1's data (its concept unchanged since its drift)
@@ -206,7 +239,13 @@ def test_state_round_trips() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("delta", 0.0), ("delta_merge", -0.1), ("window", 0), ("init", "random")],
+    [
+        ("delta", 0.0),
+        ("delta_merge", -0.1),
+        ("window", 0),
+        ("init", "random"),
+        ("distance", "loss"),
+    ],
 )
 def test_bad_settings_are_one_line(key: str, value: object) -> None:
     with pytest.raises(FedrcError, match=rf"^train\.feddrift\.{key}: expected"):
