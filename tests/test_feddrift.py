@@ -172,6 +172,29 @@ def test_clients_that_left_a_model_still_score_it_for_the_merge() -> None:
     torch.testing.assert_close(new[1], torch.tensor([2.25, 2.25]))
 
 
+def test_a_client_back_on_a_recurring_concept_stops_scoring_its_old_model() -> None:
+    """Client 2 drifts to row 1 at step 1. At step 2 client 1 takes row 1's concept: its loss
+    falls (0.5 → 0.2 under row 1, so the detector sees no drift) but row 0's is 3.0, more than
+    δ above: its data now says nothing of row 0's cluster. Cluster 0 is scored on client 0's N
+    samples alone (L_0 = (0.5, 3.0)), cluster 1 on clients 1 and 2's 2N, and the two stay
+    apart. (Scored as before its move, cluster 0 would mix both concepts.)"""
+    algo = make(clients=3)
+    models = torch.zeros(3, 2)
+    same = ([1.0, 1.0, 1.0], [0.0, 0.0])
+    step(algo, 0, models, dict.fromkeys(range(3), same))
+    stay = ([0.5, 9.0, 9.0], [0.0, 0.0])
+    step(algo, 1, models, {0: stay, 1: stay, 2: ([2.0, 9.0, 9.0], [0.0, 0.0])})
+    assert algo.cluster.tolist() == [0, 0, 1]
+    recurring = ([3.0, 0.2, 9.0], [0.0, 0.0])
+    step(algo, 2, models, {0: ([0.5, 3.0, 9.0], [0.0, 0.0]), 1: recurring, 2: recurring})
+    assert algo.cluster.tolist() == [0, 1, 1] and int(algo.release[1]) == -1  # not a drift
+    rows = [[True, False, False], [False, True, False], [False, True, False]]
+    assert algo.lineage.tolist() == rows
+    assert algo.mass[:2].tolist() == [N, 2 * N]
+    torch.testing.assert_close(algo.table[0, :2] / N, torch.tensor([0.5, 3.0], dtype=torch.float64))
+    assert algo.round_info() == {"active_models": 2}
+
+
 def test_a_full_pool_keeps_the_client_on_its_best_model_and_evicts_the_least_recently_used():
     """K = 2, window 2. Step 1: client 1 drifts to row 1; client 2 drifts too but every row is
     held, so it stays on row 0 (prev := its best loss). Step 2: client 1 is isolated (no check).

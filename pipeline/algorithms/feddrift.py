@@ -31,10 +31,12 @@ Where fedrc differs (protocol §10): the detector and D use the cross-entropy th
 not the accuracy of the authors' code (δ is in nats). fedrc keeps no past data, where the
 authors replay every past batch assigned to a cluster, in training and in scoring: a model
 trains on its members' data of the current step, and cluster a is scored on the current data of
-every client whose batches went to row a since its last detected drift. Each client scores the
-models in its first E-step of the step, and the merge comes at the end of the round by which
-every client seen so far has done so (the step's first round with full participation) or at the
-step's last round: after that round's training, where the authors merge before it.
+every client whose batches went to row a since its concept last changed (a detected drift, or a
+move to a model in use whose loss on its data is lower than its old model's by more than δ).
+Each client scores the models in its first E-step of the step, and the merge comes at the end
+of the round by which every client seen so far has done so (the step's first round with full
+participation) or at the step's last round: after that round's training, where the authors
+merge before it.
 """
 
 from __future__ import annotations
@@ -154,8 +156,13 @@ class FedDrift(HardClustering):
         if int(self.checked[client]) != self.step:  # the client's first E-step of this step
             self.checked[client] = self.step
             scores = losses.mean(0).to("cpu", torch.float64)  # s_k = L_i^t(θ_k)
+            before = int(self.cluster[client])
             row, drifted = self.check(client, scores)
-            if drifted or int(self.cluster[client]) < 0:
+            # a new concept: a detected drift, or a move to a model in use that fits the data by
+            # more than δ better than its old one (a recurring concept): its current data no
+            # longer stands for its batches in its earlier rows
+            moved = before >= 0 and float(scores[before] - scores[row]) > self.settings.delta
+            if drifted or before < 0 or moved:
                 self.lineage[client] = False
             self.lineage[client, row] = True
             self.cluster[client] = row
