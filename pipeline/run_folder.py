@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline import run_files as rf
 from pipeline.data.records import MANIFEST
-from pipeline.derived import DERIVED, derived_outputs, remove_derived
+from pipeline.derived import DERIVED, remove_derived
 from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.io import remove_leftovers
 from pipeline.live import FOLDER as LIVE_FOLDER
@@ -92,7 +92,7 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
         remove_leftovers(out, rf.TRAIN_FILES, (rf.MOMENTUM_SNAPSHOTS,))
         for live in out.glob(MOMENTUM_LIVE):
             live.unlink()
-    present = [p for p in [*rf.train_outputs(out), *derived_outputs(out)] if p.exists()]
+    present = [p for p in rf.train_outputs(out) if p.exists()]
     checkpoint, model = (out / rf.CHECKPOINT).is_file(), (out / rf.MODEL).is_file()
     if present and not checkpoint and not model and not overwrite:  # stopped early: say so
         names = ", ".join(p.name for p in present)
@@ -116,5 +116,7 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
                 "--overwrite to start again"
             )
         clear_run(out)
+    if out.is_dir():  # what eval and plot made of a run that is gone (DVC removed its files)
+        remove_derived(out)
     out.mkdir(parents=True, exist_ok=True)
     return resume
