@@ -22,6 +22,9 @@ E-step, in one of two ways:
   without one (the fallback: losses and labels reach every place, a Flower server included):
   `assign(i, losses, labels)`        each sampled client, every place, in client order → γ
                                      (N_i, K); the base then sets ω_i = `client_omega(i, γ)`
+  (an algorithm, or a `Step`, with `wants_predictions` also gets `predictions=` in `assign`,
+  `assign_held_out`, `step.run` and `step.held_out`: each sample's arg-max class under each
+  model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
   `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings
   `fold(i, task, result)`            add one trained model to the running aggregates
                                      (`accumulate`); the loop drops the result right after
@@ -44,8 +47,10 @@ A method that creates models during a run (CFL's splits) reserves its rows up fr
 (`count_models`: a cap) and keeps which are in use; `self.head` gives the final layer's place in
 a flat model, for methods that share the body and cluster the head.
 
-State: what `state_dict` returns (ω, label tables, clusters, …) is the same on every place and
-goes into checkpoints; the round's aggregates live from `begin_round` to `aggregate` only. A
+State: what `state_dict` returns (ω, label tables, clusters, …; the base saves ω and the
+attributes named in `state_attributes`) is the same on every place and goes into checkpoints;
+the round's aggregates live from `begin_round` to `aggregate` only (attributes named `_…`). A
+checkpoint that leaves state out is one warning (`pipeline.algorithms.state`). A
 `fold` must only add to `contributions()` or write `shared_rows()`: per-client facts that other
 places need (FeSEM's new cluster of a client) travel as rows of a summed (clients,) tensor.
 Memory per round is K × model for the sums, plus whatever `shared_rows` keeps on disk.

@@ -51,7 +51,7 @@ from scipy.spatial.distance import squareform
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 INITS = ("single", "per-client")
 DISTANCES = ("data", "model")
@@ -62,7 +62,9 @@ class FedDriftEagerSettings(Settings):
     """δ of the drift detector, in nats of mean cross-entropy (the authors' 0.06 is in accuracy:
     6 % of the samples turning from right to confidently wrong, ≈ 3 nats each, add ≈ 0.2)."""
 
-    delta: float = 0.2  # a client drifts when its best loss on new data rises by more than δ
+    delta: float = setting(
+        0.2, "δ: a client drifts when its best loss on new data rises by more than δ"
+    )
 
     def validate(self) -> None:
         require(positive(self.delta), "delta", "a number > 0 (nats)", self.delta)
@@ -74,12 +76,14 @@ class FedDriftSettings(FedDriftEagerSettings):
     example) or one per client ('per-client', the paper's: a row each while rows last, so
     --clusters ≥ the participating clients gives every client its own)."""
 
-    delta_merge: float | None = None  # δ′: merge clusters with D ≤ δ′ (null: δ)
+    delta_merge: float | None = setting(None, "δ′: merge clusters with D ≤ δ′ (null: δ)")
     # data: the rise of the loss on each cluster's data (the authors' 'B'); model: each model's
     # rise from its own cluster's data to the other's (their 'A', their README's FedDrift)
-    distance: str = "data"
-    window: int = 1  # W: a client that drifted is isolated on its new model for W steps
-    init: str = "single"  # single, or per-client
+    distance: str = setting(
+        "data", "merge distance: data (the authors' B, on each cluster's data) or model (their A)"
+    )
+    window: int = setting(1, "W: a client that drifted is isolated on its new model for W steps")
+    init: str = setting("single", "the models at t = 0: single, or per-client")
 
     def validate(self) -> None:
         super().validate()
