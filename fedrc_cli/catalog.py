@@ -12,7 +12,7 @@ from pipeline.algorithms import ALGORITHMS
 from pipeline.data.loaders import DATASETS
 from pipeline.models import MODELS
 from pipeline.plugins import Entry, Registry
-from pipeline.settings import field_types
+from pipeline.settings import description, field_types
 
 REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, MODELS, DATASETS)
 
@@ -49,18 +49,20 @@ def find(name: str) -> tuple[Registry, Any] | None:
 
 
 def settings_table(name: str, registry: Registry, component: Any) -> Group:
-    """A component's own settings: key, type, default; `--set KEY=VALUE` sets them."""
+    """A component's own settings: key, type, default, what it does; `--set KEY=VALUE` sets
+    them."""
     settings = settings_of(component)
     about = getattr(component, "paper", None) or getattr(component, "summary", "")
     table = Table(title=f"{registry.kind} {name}: {about}")
-    for column in ("setting (--set KEY=VALUE)", "type", "default"):
-        table.add_column(column)
+    for column in ("setting (--set KEY=VALUE)", "type", "default", "description"):
+        table.add_column(column, overflow="fold")
     fields = dataclasses.fields(settings) if settings is not None else ()
     types_ = field_types(settings) if settings is not None else {}
     defaults = settings() if settings is not None else None
     for item in fields:
         kind = getattr(types_[item.name], "__name__", None) or str(types_[item.name])
-        table.add_row(item.name, kind, repr(getattr(defaults, item.name)))
+        default = repr(getattr(defaults, item.name))
+        table.add_row(item.name, kind, default, description(item))
     if not fields:
-        table.add_row("(none)", "", "")
+        table.add_row("(none)", "", "", "")
     return Group(table)

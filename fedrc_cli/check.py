@@ -9,7 +9,6 @@ import typer
 
 from fedrc_cli.common import ParamsOption, console, user_errors, writing
 from pipeline.config import read_params
-from pipeline.stages import CHECKED, check_stage
 
 
 def check(
@@ -25,6 +24,8 @@ def check(
     params: ParamsOption = None,
 ) -> None:
     """Check params.yaml's partition, train, eval and plot sections as their commands would."""
+    from pipeline.stages import CHECKED, check_stage  # torch: only once the options are read
+
     with user_errors(), writing("--out", *([out] if out is not None else [])):
         resolved = check_stage(read_params(params), out)
     train = resolved["train"]

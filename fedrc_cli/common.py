@@ -14,14 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from pipeline.config import TrainConfig, build_config, read_params
-from pipeline.distributed import env_rank, launched, leaving_with_error
 from pipeline.errors import FedrcError, FedrcWarning
+from pipeline.launch import env_rank, launched, leaving_with_error
 
 # Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
 console = Console(quiet=env_rank() > 0)
@@ -70,7 +69,9 @@ def disk_full(error: BaseException) -> bool:
 
 
 def out_of_memory(error: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    """GPU memory: torch's own error (if a command imported torch), or its older RuntimeError."""
+    torch = sys.modules.get("torch")  # imported here, every command would pay for it
+    oom = () if torch is None else getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     return isinstance(error, oom) or (
         isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
     )

@@ -11,18 +11,19 @@ from rich.table import Table
 from fedrc_cli.common import ParamsOption, console, load_config, user_errors, writing
 from fedrc_cli.options import dataclass_options, with_options
 from pipeline.config import EvalConfig
-from pipeline.stages import eval_stage
 
 
 def evaluate(params: ParamsOption = None, **options: Any) -> None:
     """Score a run: accuracies at the best-train round and the last round → eval.json."""
     with user_errors():
         config = load_config(EvalConfig, params, **options)
+        from pipeline import stages  # torch: imported once the options are known to be good
+
         run = Path(config.run)
         outputs = (run / "eval.json", run / "eval_clients.json")
         # a missing or broken run is the stage's own one-line error, so check only a folder
         with writing("--run", *outputs, folder=False, check=os.path.isdir(run)):
-            result = eval_stage(config)
+            result = stages.eval_stage(config)
     tuned = ", fine-tuned" if result["finetune"] else ""
     table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")
     table.add_column("")

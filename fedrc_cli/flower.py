@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,13 +14,16 @@ from fedrc_cli.options import dataclass_options, with_options
 from fedrc_cli.train import SetOption
 from pipeline.config import TrainConfig, read_params
 from pipeline.flower.appconfig import ON_NODE_LOSS, Deployment, check_config, write_app
-from pipeline.resolve import train_config
 
 flower = typer.Typer(
     name="flower",
     help="Run fedrc on Flower's deployment engine (SuperLink, SuperNodes, `flwr run`).",
     no_args_is_help=True,
 )
+
+
+def flower_installed() -> bool:
+    return importlib.util.find_spec("flwr") is not None
 
 
 def app(
@@ -46,8 +50,15 @@ def app(
 ) -> None:
     """Write a Flower app that trains what `fedrc train` would: start it with `flwr run`."""
     with user_errors():
+        if not flower_installed():  # an app nothing here could run: say what to install
+            raise fail(
+                "fedrc flower app: Flower is not installed in this environment; install the "
+                "extra (Python 3.11 or newer): pip install 'fedrc[flower]'"
+            )
         if on_node_loss not in ON_NODE_LOSS:
             raise fail(f"--on-node-loss: expected one of {ON_NODE_LOSS}, got {on_node_loss!r}")
+        from pipeline.resolve import train_config  # torch: the algorithms' own settings
+
         config = train_config(read_params(params), options, set_ or [])
         check_config(config)
         # the ServerApp runs in the SuperLink's working folder: make paths absolute here

@@ -12,7 +12,6 @@ import typer
 from rich.console import Group
 from rich.table import Table
 
-from fedrc_cli.catalog import catalog, find, settings_table
 from fedrc_cli.common import console, user_errors
 from pipeline.data.describe import describe
 from pipeline.data.records import read_manifest
@@ -33,18 +32,29 @@ def info(
     """Describe a benchmark (who has which concept and style, sizes, label shift), a component's
     settings, or, with no argument, list the algorithms, models and datasets."""
     with user_errors():
-        if folder is None:
-            console.print(catalog())
-            return
-        found = None if Path(folder).is_dir() else find(folder)
-        if found is not None:
-            console.print(settings_table(folder, *found))
+        if (folder is None or not Path(folder).is_dir()) and show_component(folder):
             return
         description = describe(read_manifest(Path(folder), option="FOLDER"))
     if as_json:
         typer.echo(json.dumps(description, indent=2))
     else:
         console.print(render(description))
+
+
+def show_component(name: str | None) -> bool:
+    """Print every component (no name) or the settings of the one called `name`; False when
+    there is none of that name. Components are classes built on torch, and a plugin is checked
+    by importing it, so this imports torch, while describing a benchmark's folder does not."""
+    from fedrc_cli.catalog import catalog, find, settings_table
+
+    if name is None:
+        console.print(catalog())
+        return True
+    found = find(name)
+    if found is None:
+        return False
+    console.print(settings_table(name, *found))
+    return True
 
 
 def render(d: dict[str, Any]) -> Group:

@@ -11,7 +11,6 @@ from fedrc_cli.info import render
 from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.config import PartitionConfig
 from pipeline.data.describe import describe
-from pipeline.stages import partition_stage
 
 
 def partition(
@@ -24,9 +23,11 @@ def partition(
     """Split a dataset into clients with label, feature and concept shift (FedRC benchmark)."""
     with user_errors():
         config = load_config(PartitionConfig, params, **comma_lists(PartitionConfig, options))
+        from pipeline import stages  # torch: imported once the options are known to be good
+
         status = f"Partitioning {config.dataset} into {config.clients} clients…"
         with writing("--out", config.out), console.status(status):
-            manifest = partition_stage(config, overwrite=overwrite)
+            manifest = stages.partition_stage(config, overwrite=overwrite)
     console.print(render(describe(manifest)))
     console.print(
         f"Wrote [bold]{config.out}[/] (manifest.json + shards/); `fedrc info` shows this again"

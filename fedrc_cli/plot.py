@@ -9,17 +9,18 @@ from typing import Any
 from fedrc_cli.common import ParamsOption, console, load_config, user_errors, writing
 from fedrc_cli.options import dataclass_options, with_options
 from pipeline.config import PlotConfig
-from pipeline.stages import plot_stage
 
 
 def plot(params: ParamsOption = None, **options: Any) -> None:
     """Draw the paper's Figure 3 style cluster map, accuracy curves and ω per client."""
     with user_errors():
         config = load_config(PlotConfig, params, **options)
+        from pipeline import stages  # torch: imported once the options are known to be good
+
         run = Path(config.run)
         # a missing or broken run is the stage's own one-line error, so check only a folder
         with writing("--run", run / "plots", check=os.path.isdir(run)):
-            paths = plot_stage(config)
+            paths = stages.plot_stage(config)
     for path in paths:
         console.print(f"Wrote {path}")
 

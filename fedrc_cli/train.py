@@ -1,5 +1,6 @@
 """`fedrc train`: its options are TrainConfig's fields (`fedrc_cli.options`); an algorithm's
-or model's own settings are `--set KEY=VALUE`."""
+or model's own settings are `--set KEY=VALUE`. The training modules (torch) are imported inside
+the functions that run them, so that `fedrc --help` does not wait for torch."""
 
 from __future__ import annotations
 
@@ -20,13 +21,8 @@ from fedrc_cli.common import (
     writing,
 )
 from fedrc_cli.options import dataclass_options, with_options
-from fedrc_cli.progress import run_with_progress
-from pipeline.algorithms import num_models
 from pipeline.config import TrainConfig, read_params
 from pipeline.errors import FedrcError
-from pipeline.resolve import resumed, train_config
-from pipeline.run_files import CONFIG, checkpoint_round
-from pipeline.stages import run_config, train_stage
 
 SetOption = Annotated[
     list[str] | None,
@@ -55,6 +51,10 @@ def train(
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         check_names("--out", options.get("out") or TrainConfig().out)
+        from fedrc_cli.progress import run_with_progress
+        from pipeline.resolve import train_config
+        from pipeline.stages import train_stage
+
         config = resumed_config(options, set_ or [], params) if resume else None
         config = config or train_config(read_params(params), options, set_ or [])
         done: dict[str, Any] = {"round": None}
@@ -79,6 +79,10 @@ def resumed_config(
 ) -> TrainConfig | None:
     """The configuration saved in --out, with what may change (./params.yaml is not read: a run
     resumes as it began). None when --out holds no run yet (the stage then explains)."""
+    from pipeline.resolve import resumed
+    from pipeline.run_files import CONFIG
+    from pipeline.stages import run_config
+
     out = Path(options.get("out") or TrainConfig().out)
     if not (out / CONFIG).is_file():
         return None
@@ -88,6 +92,7 @@ def resumed_config(
 
 def log(config: TrainConfig, done: dict[str, Any]) -> Any:
     """Plain lines for a log file (no terminal): a header, then one line per round."""
+    from pipeline.algorithms import num_models
 
     def line(row: dict[str, Any]) -> None:
         if done["round"] is None:
@@ -110,6 +115,9 @@ def describe(row: dict[str, Any]) -> str:
 
 def stopped_message(error: BaseException, config: TrainConfig, completed: int | None) -> str:
     """Where an interrupted run stopped, what its checkpoint holds, and how to go on."""
+    from pipeline.run_files import checkpoint_round
+    from pipeline.stages import run_config
+
     name = "interrupted" if isinstance(error, KeyboardInterrupt) else "terminated (SIGTERM)"
     where = f"after round {completed}" if completed else "before the first round ended"
     saved = checkpoint_round(Path(config.out))

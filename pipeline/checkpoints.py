@@ -9,6 +9,7 @@ the data's digest), and each of its fields is checked against the run before any
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ import numpy as np
 import torch
 
 from pipeline import run_files as rf
+from pipeline.algorithms import build_algorithm
+from pipeline.algorithms.state import uncovered
 from pipeline.config import TrainConfig
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.resolve import recorded_identity
 from pipeline.run_setup import Progress, Run
 
@@ -44,6 +47,7 @@ class Checkpoints:
     out: Path
     identity: str  # the run's identity as JSON: what a resume must match
     every: int  # `checkpoint_interval`
+    warned: bool = False  # about state a checkpoint leaves out (`warn_uncovered_state`)
 
     def due(self, run: Run, round_: int) -> bool:
         return round_ % self.every == 0 or round_ == run.config.rounds
@@ -66,6 +70,7 @@ class Checkpoints:
         )
         if run.comm.is_main:
             state.save(self.out, self.identity)
+            self.warned = self.warned or warn_uncovered_state(run)
 
     def save_model(self, run: Run) -> None:
         """model.pt, the finished run: what eval and plot read (the main place)."""
@@ -79,6 +84,28 @@ class Checkpoints:
                 run.algorithm.omega_table(),
                 run.algorithm.state_dict(),
             )
+
+
+def warn_uncovered_state(run: Run) -> bool:
+    """One warning line when the algorithm keeps state that its `state_dict` leaves out (a
+    resume would restart it from `init_state`: `pipeline.algorithms.state`). True once
+    warned, so a run warns once."""
+    algorithm, data = run.algorithm, run.data
+    fresh = build_algorithm(run.config, len(data.clients), data.num_classes, algorithm.head)
+    try:
+        names = uncovered(algorithm, fresh)
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as e:
+        problem = f"its state_dict does not load into a fresh one ({e}), so --resume would fail"
+    else:
+        if not names:
+            return False
+        listed = ", ".join(names)
+        problem = (
+            f"{listed} not in its state_dict, so --resume would restart it from init_state; "
+            f"list it in state_attributes = ({', '.join(map(repr, names))},)"
+        )
+    warnings.warn(FedrcWarning(f"algorithm {run.config.algorithm}: {problem}"), stacklevel=2)
+    return True
 
 
 def expected_state(run: Run, out: Path) -> rf.Expected:

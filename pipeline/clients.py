@@ -61,7 +61,8 @@ def client_jobs(
     """One client's part where its data is: E-step on its logits `raw` (R, N_i, classes), its
     outcome kept in `work.outcomes`, then its local trainings as jobs. A task whose mean sample
     weight is below `skip_below` is not trained but handed to `work.skipped` unchanged."""
-    outcome = step.run(per_sample_losses(raw, labels), labels, work.memory.get(client))
+    losses, memory = per_sample_losses(raw, labels), work.memory.get(client)
+    outcome = step.run(losses, labels, memory, **step.extra(raw))
     work.outcomes[client] = (outcome.upload, outcome.memory)
     for task in step.local_tasks(outcome.gamma.detach(), work.models):
         task.client = client
@@ -74,7 +75,7 @@ def client_jobs(
 
 def held_out_omega(step: ClientStep, raw: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """A non-participating client's ω from the logits (R, N, classes) of its labelled part."""
-    return step.held_out(per_sample_losses(raw, labels).float(), labels)
+    return step.held_out(per_sample_losses(raw, labels).float(), labels, **step.extra(raw))
 
 
 class LocalClients:

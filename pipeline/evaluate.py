@@ -15,7 +15,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms import Algorithm
-from pipeline.algorithms.client import per_sample_losses, predictions
+from pipeline.algorithms.client import per_sample_losses, predictions, sample_predictions
 from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
@@ -137,19 +137,25 @@ def fit_held_out(
     held: list[int],
 ) -> None:
     """Every non-participating client in `held` (those present) fits its ω on its labelled part
-    (on every place, in client order, from the losses that the client's own place computed)."""
+    (on every place, in client order, from the losses, and the predictions if the algorithm
+    wants them, that the client's own place computed)."""
     sizes = {h: data.clients[h].train_size for h in held}
-    losses, labels = {}, {}
+    wanted = algorithm.predicts
+    losses, labels, guesses = {}, {}, {}
     for h in held:
         if comm.owns(h):
             rows = data.train_slices[h]
             labels[h] = data.labels[rows]
             losses[h] = per_sample_losses(logits[:, rows], labels[h]).float()
+            if wanted:
+                guesses[h] = sample_predictions(logits[:, rows])
     empty = torch.zeros((0, logits.shape[0]))
     losses = comm.gather(held, losses, sizes, empty)
     labels = comm.gather(held, labels, sizes, torch.zeros(0, dtype=torch.int64))
+    if wanted:
+        guesses = comm.gather(held, guesses, sizes, empty.long())
     for h in held:
-        algorithm.held_out_step(h, losses[h], labels[h])
+        algorithm.held_out_step(h, losses[h], labels[h], guesses.get(h))
 
 
 def evaluate_round(
@@ -238,7 +244,9 @@ def finetuned_logits(
             train, test = data.train_slices[client], data.test_slices[client]
             x, y = data.images[train], data.labels[train]
             raw = executor.logits(models, x)
-            gamma = scratch.e_step(client, per_sample_losses(scratch.combine_logits(raw), y), y)
+            combined = scratch.combine_logits(raw)
+            guesses = sample_predictions(combined)
+            gamma = scratch.e_step(client, per_sample_losses(combined, y), y, guesses)
             own = models.clone()
             for task in scratch.local_tasks(client, gamma, models, raw):
                 own[task.model] = executor.train(task, x, y, seed + client).params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from pipeline.data.records import Manifest
 from pipeline.io import atomic_dir
 from pipeline.plots_time import draw_timeline, mark_drifts
 
+SHARE = "share of the row's training samples in cluster k"  # the cluster maps' colour bar
+
 
 def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
     """The last evaluated round and its ω table (clients in id order)."""
@@ -32,8 +35,10 @@ def final_omega(assignments: pa.Table) -> tuple[int, np.ndarray]:
 
 def cluster_shares(
     omega: np.ndarray, manifest: Manifest
-) -> dict[str, tuple[list[str], np.ndarray]]:
-    """For every class, style and concept: the share of its training samples in each cluster."""
+) -> dict[str, tuple[list[str], np.ndarray, np.ndarray]]:
+    """For every class, style and concept: the share of its training samples in each cluster,
+    and how many participating clients hold it (a style of one client reads 1.00 as plainly as
+    one of a hundred). Classes are the labels after the concept's mapping, as trained on."""
     part = [c for c in manifest.clients if c.participating]
     w = omega[manifest.participating]
     hist = np.asarray([c.label_histogram for c in part], dtype=float)  # (M, C)
@@ -41,25 +46,47 @@ def cluster_shares(
     styles = sorted({c.style for c in part})
     concepts = list(manifest.concepts)
 
-    def by_group(keys: list[Any], values: list[Any]) -> np.ndarray:
-        mass = np.zeros((len(keys), w.shape[1]))
+    def by_group(keys: list[Any], values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        mass, clients = np.zeros((len(keys), w.shape[1])), np.zeros(len(keys), dtype=int)
         for value, row, n in zip(values, w, sizes):
             mass[keys.index(value)] += n * row
-        return mass
+            clients[keys.index(value)] += 1
+        return mass, clients
 
     shares = {
-        "class": ([str(y) for y in range(hist.shape[1])], hist.T @ w),
-        "style": (styles, by_group(styles, [c.style for c in part])),
-        "concept": (concepts, by_group(list(range(len(concepts))), [c.concept for c in part])),
+        "class": ([str(y) for y in range(hist.shape[1])], hist.T @ w, (hist > 0).sum(0)),
+        "style": (styles, *by_group(styles, [c.style for c in part])),
+        "concept": (
+            concepts,
+            *by_group(list(range(len(concepts))), [c.concept for c in part]),
+        ),
     }
     return {
-        name: (labels, mass / np.maximum(mass.sum(1, keepdims=True), 1e-12))
-        for name, (labels, mass) in shares.items()
+        name: (labels, mass / np.maximum(mass.sum(1, keepdims=True), 1e-12), clients)
+        for name, (labels, mass, clients) in shares.items()
     }
 
 
-def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> None:
-    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+def class_rows(manifest: Manifest) -> str:
+    """What the class rows count: the labels after the concept's mapping, which are the
+    original labels where no concept remaps them."""
+    mapped = any(c.label_histogram != c.true_label_histogram for c in manifest.clients)
+    return (
+        "label after the concept's mapping"
+        if mapped
+        else "original label (no concept remaps labels)"
+    )
+
+
+def with_counts(labels: list[str], clients: np.ndarray) -> list[str]:
+    """Row labels with the number of participating clients behind each row."""
+    return [f"{label} (n={n})" for label, n in zip(labels, clients)]
+
+
+def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> Any:
+    """Shares in [0, 1] on one colour scale (the colour bar is the caller's), written in each
+    cell while they stay legible; returns the image."""
+    image = ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     ax.set_title(title)
     ax.set_xticks(range(matrix.shape[1]), [f"k={j}" for j in range(matrix.shape[1])])
     ax.set_yticks(range(len(rows)), rows)
@@ -74,6 +101,7 @@ def _heatmap(ax: Any, matrix: np.ndarray, rows: list[str], title: str) -> None:
                 fontsize=7,
                 color="white" if v > 0.6 else "black",
             )
+    return image
 
 
 def one_model(path: Path, run: str, what: str, dpi: int) -> None:
@@ -92,10 +120,18 @@ def draw_cluster_map(
     if omega.shape[1] == 1:
         return one_model(path, run, "clusters", dpi)
     shares = cluster_shares(omega, manifest)
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.8), constrained_layout=True)
-    for ax, (name, (labels, matrix)) in zip(axes, shares.items()):
-        _heatmap(ax, matrix, labels, f"share of each {name} per cluster")
-    fig.suptitle(f"{run}: cluster assignment at round {round_}")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.8), constrained_layout=True)
+    for ax, (name, (labels, matrix, clients)) in zip(axes, shares.items()):
+        image = _heatmap(
+            ax, matrix, with_counts(labels, clients), f"share of each {name} per cluster"
+        )
+    axes[0].set_ylabel(f"class: {class_rows(manifest)}")
+    axes[1].set_ylabel("style")
+    axes[2].set_ylabel("concept")
+    fig.colorbar(image, ax=list(axes), label=SHARE)
+    fig.suptitle(
+        f"{run}: cluster assignment at round {round_} (n: participating clients in the row)"
+    )
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
@@ -164,10 +200,12 @@ def draw_all(
     manifest: Manifest,
     run: str,
     dpi: int,
+    made_from: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """`run` names the figures: the algorithm as a report prints it, and the run folder. The
+    """`run` names the figures: the algorithm as a report prints it, and the run folder where
+    it is not just the algorithm's name. The
     cluster map and ω of a drifting run are those of its last step; `timeline.png` shows them
-    over time."""
+    over time. `made_from` (the run's identity) is written beside them as made_from.json."""
     round_, omega = final_omega(assignments)
     names = ["cluster_map.png", "accuracy.png", "omega.png"]
     last = manifest.at_step(manifest.time_steps - 1)
@@ -178,4 +216,7 @@ def draw_all(
         if manifest.time_steps > 1:
             names.append("timeline.png")
             draw_timeline(tmp / names[3], metrics, assignments, manifest, run, dpi)
+        if made_from is not None:
+            made_from = {**made_from, "assignments_round": round_}
+            (tmp / "made_from.json").write_text(json.dumps(made_from, indent=2, sort_keys=True))
     return [folder / n for n in names]

@@ -7,6 +7,9 @@ last round, and at a quarter, half, three quarters and all of the rounds (is it 
 climbing?). Every number comes from the runs' own files: eval.json (accuracies, purity),
 metrics.jsonl (rounds run, global accuracy per evaluated round), config.json (configuration,
 seed, benchmark) and assignments.parquet (ω at the last evaluated round, for the cluster maps).
+An eval.json is used only while it matches its run: the model it scored (model.pt's digest,
+listed in report.csv's `models`), the last round of metrics.jsonl and the benchmark
+(`check_made_from`).
 On a drifting benchmark a second table gives eval.json's `over_time` numbers: the mean over steps
 of the local and the next-step accuracy, the drifted clients' accuracy right after their drift,
 the rounds they took to recover, concept purity, and the next-step accuracy at every step.
@@ -26,9 +29,11 @@ import numpy as np
 
 from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS, num_models
+from pipeline.algorithms.base import HardClustering
 from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
+from pipeline.derived import check_made_from
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 from pipeline.resolve import from_values
@@ -77,6 +82,7 @@ class Run:
     result: dict[str, Any]
     rounds: int
     global_curve: dict[int, float]  # evaluated round → soft global accuracy (metrics.jsonl)
+    model_digest: str = ""  # of the model.pt that eval.json scored (checked when read)
 
     @property
     def seed(self) -> int:
@@ -155,7 +161,9 @@ def load_run(path: Path) -> Run:
     if not rows:
         raise FedrcError(f"{path / rf.METRICS}: no rounds")
     curve = {r["round"]: r["global_accuracy"] for r in rows if "global_accuracy" in r}
-    return Run(path, config, result, max(r["round"] for r in rows), curve)
+    last = max(r["round"] for r in rows)
+    model = check_made_from(path, result, config["data_digest"], last)
+    return Run(path, config, result, last, curve, model)
 
 
 def _identity(run: Run) -> tuple:
@@ -172,13 +180,14 @@ def run_settings(run: Run) -> TrainConfig:
 
 
 def _base_label(run: Run) -> str:
-    """The algorithm's title with its variant ("CFL(3)"), "-FT" when fine-tuned, " (hard)"."""
+    """The algorithm's title with its variant ("CFL(3)"), "-FT" when fine-tuned, " (hard)" when
+    predicting with one model is not the method's own rule: a hard-clustering method (IFCA,
+    CFL, FeSEM) predicts with its cluster's model, which is what its paper reports."""
     config = run_settings(run)
-    settings = config.algorithm_settings
-    name = ALGORITHMS.get(config.algorithm).label(settings) + (
-        "-FT" if run.result["finetune"] else ""
-    )
-    return name + (" (hard)" if run.result["prediction"] == "hard" else "")
+    algorithm = ALGORITHMS.get(config.algorithm)
+    name = algorithm.label(config.algorithm_settings) + ("-FT" if run.result["finetune"] else "")
+    own_rule = issubclass(algorithm, HardClustering)
+    return name + (" (hard)" if run.result["prediction"] == "hard" and not own_rule else "")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -265,6 +274,7 @@ def summary_rows(groups: list[Group], marks: list[int]) -> list[dict[str, Any]]:
             "rounds": str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}",
             "lr": group.config["lr"],
             "best_round": " ".join(str(r.result["best_round"]) for r in group.runs),
+            "models": " ".join(r.model_digest[:12] for r in group.runs),  # what was scored
             "selected": group.selected,
         }
         for stem in METRICS:
@@ -372,24 +382,40 @@ def find_manifest(run: Run) -> Manifest:
     )
 
 
+def drawn_groups(groups: list[Group]) -> list[Group]:
+    """The selected groups that cluster (more than one model), one per training
+    configuration: ω comes from training, so a configuration scored both soft and hard (or
+    fine-tuned) would draw the same ω twice; its plainly scored group is kept, else the first."""
+
+    def plain(group: Group) -> bool:
+        result = group.runs[0].result
+        return not result["finetune"] and result["prediction"] == "soft"
+
+    chosen: dict[tuple, Group] = {}
+    for group in groups:
+        if not group.selected or num_models(run_settings(group.runs[0])) == 1:
+            continue
+        trained = tuple(item for item in group.key if item[0] not in EVAL_KEYS)
+        if trained not in chosen or (plain(group) and not plain(chosen[trained])):
+            chosen[trained] = group
+    drawn = [id(g) for g in chosen.values()]
+    return [g for g in groups if id(g) in drawn]
+
+
 def concept_maps(groups: list[Group], manifest: Manifest) -> list[tuple[str, Any]]:
-    """(title, (concepts, shares)) for every selected group that clusters (more than one model;
-    soft prediction, not fine-tuned: those draw the same ω again), in the report's order: its
-    lowest-seed run, ω at its last evaluated round (Figure 3's concept row). Clusters are not
-    aligned across seeds, so one run is drawn rather than an average."""
-    from pipeline.plots import cluster_shares, final_omega
+    """(title, (concepts with their client counts, shares)) for each of `drawn_groups`, in the
+    report's order: its lowest-seed run, ω at its last evaluated round (Figure 3's concept row).
+    Clusters are not aligned across seeds, so one run is drawn rather than an average."""
+    from pipeline.plots import cluster_shares, final_omega, with_counts
 
     maps = []
-    for group in groups:
+    for group in drawn_groups(groups):
         run = group.runs[0]
-        soft = not run.result["finetune"] and run.result["prediction"] == "soft"
-        if not group.selected or not soft or num_models(run_settings(run)) == 1:
-            continue
         round_, omega = final_omega(rf.read_assignments(run.path / rf.ASSIGNMENTS))
         last_step = manifest.at_step(manifest.time_steps - 1)  # the concepts of ω's round
-        concepts, shares = cluster_shares(omega, last_step)["concept"]
+        concepts, shares, clients = cluster_shares(omega, last_step)["concept"]
         title = f"{group.label}, seed {run.seed}, round {round_}"
-        maps.append((title, (concepts, shares)))
+        maps.append((title, (with_counts(concepts, clients), shares)))
     return maps
 
 
@@ -410,12 +436,13 @@ def markdown(
         f"Benchmark: {dataset}, {clients} participating clients, "
         f"content hash `{runs[0].config['data_digest'][:12]}`; {len(runs)} runs.",
         "Accuracies in %, mean ± std over seeds (numpy std, ddof = 0), soft prediction unless "
-        "marked; *best-train*: at the round with the best train accuracy (the paper's model "
-        "selection), *last*: at the last round. Purity: concept purity in [0, 1] (1: each "
-        "concept in a cluster of its own); labels: label purity (1: each label in one cluster, "
-        "1/K: spread evenly; high when clusters follow the labels). *Unlabeled*: the held-out "
-        "clients assigned without their labels (the method's label-free rule, else the model "
-        "with the lowest prediction entropy).",
+        "marked (hard-clustering methods, IFCA, CFL, FeSEM…, are unmarked either way: one "
+        "model per client is their own rule); *best-train*: at the round with the best train "
+        "accuracy (the paper's model selection), *last*: at the last round. Purity: concept "
+        "purity in [0, 1] (1: each concept in a cluster of its own); labels: label purity (1: "
+        "each label in one cluster, 1/K: spread evenly; high when clusters follow the labels). "
+        "*Unlabeled*: the held-out clients assigned without their labels (the method's "
+        "label-free rule, else the model with the lowest prediction entropy).",
         f"Paper: {PAPER_SOURCE}, local / global.",
     ]
     caveat = paper_caveat(manifest)
@@ -490,7 +517,7 @@ def draw(path: Path, rows: list[dict[str, Any]], maps: list[tuple[str, Any]], dp
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.plots import _heatmap
+    from pipeline.plots import SHARE, _heatmap
 
     columns = max(len(maps), 1)
     layout = [[f"map{i}" for i in range(columns)], ["bars"] * columns] if maps else [["bars"]]
@@ -501,7 +528,9 @@ def draw(path: Path, rows: list[dict[str, Any]], maps: list[tuple[str, Any]], dp
         constrained_layout=True,
     )
     for i, (title, (concepts, shares)) in enumerate(maps):
-        _heatmap(axes[f"map{i}"], shares, concepts, title)
+        image = _heatmap(axes[f"map{i}"], shares, concepts, title)
+    if maps:
+        fig.colorbar(image, ax=[axes[f"map{i}"] for i in range(columns)], label=SHARE)
     ax = axes["bars"]
     x = np.arange(len(rows))
     width = 0.38

@@ -18,14 +18,13 @@ from pathlib import Path
 
 from pipeline import run_files as rf
 from pipeline.data.records import MANIFEST
+from pipeline.derived import DERIVED, remove_derived
 from pipeline.errors import FedrcError, FedrcWarning
 from pipeline.io import remove_leftovers
 from pipeline.live import FOLDER as LIVE_FOLDER
 from pipeline.momentum import LIVE_FILE
 from pipeline.run_lock import LOCK
 
-EVAL_FILES, PLOTS = ("eval.json", "eval_clients.json"), "plots"  # eval's and plot's outputs
-DERIVED = (*EVAL_FILES, PLOTS)
 TOOLS = (LIVE_FOLDER, ".gitignore", LOCK)  # DVCLive's folder, DVC's list of its outputs, the lock
 MOMENTUM_LIVE = LIVE_FILE.format(rank="*")  # a killed run's live momentum buffers
 
@@ -75,9 +74,11 @@ def refuse_foreign(out: Path) -> None:
 
 
 def clear_run(out: Path) -> None:
-    """Remove train's own files; eval and plot outputs belong to their stages."""
+    """Remove train's own files and what eval and plot made of them (they describe the run
+    being replaced)."""
     for path in rf.train_outputs(out):
         path.unlink(missing_ok=True)
+    remove_derived(out)
     shutil.rmtree(out / LIVE_FOLDER, ignore_errors=True)
 
 
@@ -115,5 +116,7 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
                 "--overwrite to start again"
             )
         clear_run(out)
+    if out.is_dir():  # what eval and plot made of a run that is gone (DVC removed its files)
+        remove_derived(out)
     out.mkdir(parents=True, exist_ok=True)
     return resume

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline import run_files as rf
 from pipeline.config import config_dict
+from pipeline.derived import remove_derived
 from pipeline.io import write_json
 from pipeline.live import round_logger
 from pipeline.run_setup import Progress, Run
@@ -57,6 +58,7 @@ class RunLog:
         if self.held is None:
             return
         (self.out / rf.MODEL).unlink(missing_ok=True)
+        remove_derived(self.out)  # eval.json and plots/ describe fewer rounds
         write_json(self.out / rf.CONFIG, self.values)
         self.write(self.held, progress)
         self.held = None

@@ -4,6 +4,8 @@ A stage's configuration (`pipeline.config`) and each algorithm's or model's own 
 frozen dataclasses. Values from YAML or the command line are checked against the field's type
 (`coerce`), unknown keys are refused with the known ones (`build_settings`), and each class
 checks its ranges in `validate()`, raising one `FedrcError` line that starts with the key.
+A field made with `setting(default, "what it does")` carries the one-line description that
+`fedrc info NAME` shows (`description`); a plain field has none and lists as well.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     elif annotation is str:
         require(isinstance(value, str), key, "a string", value)
     return value
+
+
+def setting(default: Any, description: str) -> Any:
+    """A settings field with its one-line description (for `fedrc info NAME`)."""
+    return dataclasses.field(default=default, metadata={"help": description})
+
+
+def description(item: dataclasses.Field) -> str:
+    """A settings field's description; "" for a field made without one."""
+    return item.metadata.get("help", "")
 
 
 def field_types(cls: type) -> dict[str, Any]:

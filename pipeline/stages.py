@@ -24,6 +24,7 @@ from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest, load_federated
+from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.drift_scores import over_time
 from pipeline.errors import FedrcError
 from pipeline.evaluate import (
@@ -39,7 +40,6 @@ from pipeline.evaluate import (
 from pipeline.io import atomic_files, remove_leftovers
 from pipeline.models.layout import head_range
 from pipeline.resolve import from_values, recorded_identity, train_config
-from pipeline.run_folder import EVAL_FILES, PLOTS
 from pipeline.run_lock import writer_lock
 from pipeline.training import make_executor, resolve_device, run_training
 
@@ -122,6 +122,27 @@ def run_config(run: Path, option: str = "--run") -> TrainConfig:
     return config
 
 
+def run_digest(run: Path) -> str:
+    """The content hash of the benchmark the run was trained on, as config.json records it."""
+    path = run / rf.CONFIG
+    digest = json.loads(path.read_text()).get("data_digest")  # run_config read it already
+    if not isinstance(digest, str):
+        raise FedrcError(f"{path}: not a fedrc run configuration (no data_digest)")
+    return digest
+
+
+def check_benchmark(run: Path, data: str, manifest: Manifest) -> str:
+    """The benchmark in `data` is the one the run was trained on; returns its content hash."""
+    digest = data_digest(manifest)
+    if run_digest(run) != digest:
+        raise FedrcError(
+            f"{run / rf.CONFIG}: trained on other data than {data} (the benchmark's content "
+            "hash differs: it was partitioned again or edited since); retrain, or point "
+            "train.data at the data it was trained on"
+        )
+    return digest
+
+
 def _at(row: dict[str, Any], prefix: str) -> dict[str, Any]:
     keys = ("train_accuracy", "local_accuracy", "global_accuracy", "global_accuracy_by_concept")
     return {k: row[prefix + k] for k in keys}
@@ -131,7 +152,7 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
     """eval.json: accuracies at the best-train round and the last round, concept and label
     purity; per client. The run folder is held while it is scored (`pipeline.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc eval", create=False):
-        remove_leftovers(Path(config.run), EVAL_FILES)  # a killed eval's temporary files
+        remove_leftovers(Path(config.run), (EVAL, EVAL_CLIENTS))  # a killed eval's temporary files
         return _evaluate(config)
 
 
@@ -172,6 +193,13 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         logged=max((r["round"] for r in metrics), default=0),
     )
     rf.check_model(run / rf.MODEL, final, expect)  # before anything in it is used
+    model = state_digest(final)
+    if final["round"] != expect.logged:  # best-train and last round must be one run's
+        raise FedrcError(
+            f"{run / rf.MODEL}: holds round {final['round']}, but {run / rf.METRICS} runs to "
+            f"round {expect.logged}: the run was extended and has not finished; finish it with "
+            "`fedrc train --resume`, then evaluate"
+        )
     algorithm.load_state_dict(final["algorithm"])
     data = data.at_step(data.time_steps - 1).to(device)  # the final models, on the last step
     models = final["models"].to(device)
@@ -219,6 +247,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
+        "made_from": made_from(model, final["round"], recorded["data_digest"]),
     }
     if data.time_steps > 1:
         assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
@@ -240,7 +269,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         for i, (c, (train, test, _)) in enumerate(zip(data.clients, table.tolist()))
     ]
     require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
-    with atomic_files(run / "eval.json", run / "eval_clients.json") as (tmp, tmp_clients):
+    with atomic_files(run / EVAL, run / EVAL_CLIENTS) as (tmp, tmp_clients):
         tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         tmp_clients.write_text(json.dumps(clients, indent=2, sort_keys=True) + "\n")
     return result
@@ -259,8 +288,13 @@ def _plot(config: PlotConfig) -> list[Path]:
     run = Path(config.run)
     train_config = run_config(run)
     manifest = read_manifest(Path(train_config.data))
+    digest = check_benchmark(run, train_config.data, manifest)
     metrics = rf.read_metrics(run / rf.METRICS)
     assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
-    name = f"{label} ({run.resolve().name})"
-    return draw_all(run / "plots", metrics, assignments, manifest, name, config.dpi)
+    folder = run.resolve().name  # runs/fedrc: "FedRC", not "FedRC (fedrc)"
+    same = folder.lower() in (train_config.algorithm.lower(), label.lower())
+    name = label if same else f"{label} ({folder})"
+    last = max((r["round"] for r in metrics), default=0)
+    sources = made_from(model_digest(run), last, digest)
+    return draw_all(run / PLOTS, metrics, assignments, manifest, name, config.dpi, sources)

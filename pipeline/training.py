@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pipeline import distributed
+from pipeline.algorithms.client import sample_predictions
 from pipeline.checkpoints import Checkpoints, checkpoint_interval, resume_run
 from pipeline.checks import require_finite
 from pipeline.clients import ClientWork, LocalClients
@@ -86,12 +87,17 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     if algorithm.client_part:
         loss_sum = client_parts(run, round_, sampled, mine, cached_logits)
     else:
-        raw, losses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
+        raw, losses, guesses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
         losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
         labels = {c: data.labels[data.train_slices[c]] for c in mine}
         labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
+        if algorithm.predicts:
+            empty = torch.zeros((0, algorithm.num_models), dtype=torch.int64)
+            guesses = comm.gather(sampled, guesses, sizes, empty)
         # Every place assigns every sampled client, in client order: the state stays identical.
-        gammas = {c: algorithm.e_step(c, losses[c], labels[c]).detach() for c in sampled}
+        gammas = {
+            c: algorithm.e_step(c, losses[c], labels[c], guesses.get(c)).detach() for c in sampled
+        }
         loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
     comm.sum([*algorithm.contributions(), loss_sum])
     shared = algorithm.shared_rows()
@@ -160,10 +166,11 @@ def observe_statistics(run: Run, clients: list[int]) -> None:
 
 def estep_inputs(
     run: Run, clients: list[int], cached: torch.Tensor | None
-) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """Each client's raw logits (R, N_i, classes) under the received models and its E-step
-    losses (N_i, K), from one pass over all the clients' rows: one block, not a tensor per
-    client allocated between large activations (which fragments the heap)."""
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Each client's raw logits (R, N_i, classes) under the received models, its E-step
+    losses (N_i, K) and, for an algorithm that wants them (`predicts`), its predictions (N_i, K;
+    else none), from one pass over all the clients' rows: one block, not a tensor per client
+    allocated between large activations (which fragments the heap)."""
     data = run.data
     spans = [data.train_slices[c] for c in clients]
     index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
@@ -171,12 +178,18 @@ def estep_inputs(
     # After an evaluation round the logits of these models on these samples are known.
     fresh = cached is None
     block = run.executor.logits(run.models, data.images[index]) if fresh else cached[:, index]
-    losses = per_sample_losses(run.algorithm.combine_logits(block), data.labels[index])
+    combined = run.algorithm.combine_logits(block)
+    losses = per_sample_losses(combined, data.labels[index])
     ends = np.cumsum([s.stop - s.start for s in spans]).tolist()
     parts = [slice(end - (s.stop - s.start), end) for s, end in zip(spans, ends)]
+    guesses = {}
+    if run.algorithm.predicts:
+        predicted = sample_predictions(combined)
+        guesses = {c: predicted[part] for c, part in zip(clients, parts)}
     return (
         {c: block[:, part] for c, part in zip(clients, parts)},
         {c: losses[part] for c, part in zip(clients, parts)},
+        guesses,
     )
 
 

@@ -52,6 +52,15 @@ def load_script(path: Path) -> ModuleType:
     return module
 
 
+@pytest.fixture
+def flower_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fedrc flower app` as where the `flower` extra is installed: the core environment, which
+    the tests of what the app folder holds run in, has no Flower (`fedrc_cli.flower` refuses)."""
+    import fedrc_cli.flower
+
+    monkeypatch.setattr(fedrc_cli.flower, "flower_installed", lambda: True)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fed") / "data"

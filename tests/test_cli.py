@@ -337,3 +337,33 @@ def test_progress_keeps_round_count_and_times_at_80_columns(name: str) -> None:
     assert len(text) <= 80 and text.startswith(name)
     assert " 17/200 " in text and re.search(r" \d:\d\d:\d\d [-\d]:[-\d]{2}:[-\d]{2} ", text)
     assert "loss 2.308 glob 0.2" in text  # the metrics take what is left
+
+
+def test_progress_estimates_the_time_left_from_the_first_round() -> None:
+    """Rounds of 40 s, longer than rich's 30-s speed window: the time left shows after the
+    first round (its own time × rounds left), counts down, then follows the mean round."""
+    import io
+
+    from rich.console import Console
+
+    from fedrc_cli.progress import RoundClock, progress_bar, round_done
+
+    now = [100.0]
+    screen = Console(width=80, force_terminal=True, file=io.StringIO())
+    progress, task = progress_bar("fedrc K=3", 20, screen, get_time=lambda: now[0])
+
+    def shown() -> str:
+        (line,) = screen.render_lines(progress.get_renderable(), pad=False)
+        return "".join(segment.text for segment in line)
+
+    assert "-:--:--" in shown()  # nothing to go by before the first round
+    clock = RoundClock()
+    row = {"train_loss": 2.3, "seconds": 40.0}
+    now[0] += 45.0  # loading the data took 5 s: not a round's time
+    round_done(progress, task, clock, {**row, "round": 1})
+    assert " 1/20 " in shown() and " 0:12:40 " in shown()  # 19 rounds × 40 s
+    now[0] += 10.0
+    assert " 0:12:30 " in shown()  # counting down between rounds
+    now[0] += 50.0  # round 2 took 60 s, checkpoint included
+    round_done(progress, task, clock, {**row, "round": 2})
+    assert " 0:18:00 " in shown()  # 18 rounds × 60 s

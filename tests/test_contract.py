@@ -1,27 +1,39 @@
 """The algorithm contract's newer verbs through the real round loop: the base keeps ω, the time
 step's cue (`begin_step`), and client statistics (`wants_statistics` → `describe` where the data
-lives → `observe` everywhere), with a resume in the middle of a step."""
+lives → `observe` everywhere), with a resume in the middle of a step; per-sample predictions
+for a rule that chooses by accuracy (`wants_predictions`), and state a plugin declares
+(`state_attributes`) or forgets."""
 
 from __future__ import annotations
 
+import json
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.algorithms import build_algorithm
+from pipeline.algorithms.client import per_sample_losses, sample_predictions
+from pipeline.clients import held_out_omega
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
+from pipeline.errors import FedrcWarning
 from pipeline.resolve import make_config
-from pipeline.run_files import MODEL, load_state
+from pipeline.run_files import METRICS, MODEL, load_state
 from pipeline.stages import partition_stage, train_stage
+from pipeline.training import make_executor
 
 PROBE = '''
+from dataclasses import dataclass
+
 import torch
 
-from pipeline.algorithms.base import HardClustering, hard_gamma
+from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.client import ClientOutcome, mean_omega
 from pipeline.algorithms.fedem import FedEM
+from pipeline.algorithms.ifca import IFCA, IFCAStep
 
 
 class Probe(FedEM):
@@ -63,6 +75,70 @@ class Lowest(HardClustering):
 
     def assign(self, client, losses, labels):
         return hard_gamma(losses, int(losses.mean(0).argmin()))
+
+
+def most_accurate(labels, predictions):
+    return int((predictions == labels[:, None]).double().mean(0).argmax())
+
+
+class ByAccuracy(HardClustering):
+    """IFCA choosing the model that classifies most of the client's samples right."""
+
+    name = "by-accuracy"
+    title = "IFCA by accuracy"
+    paper = "a test plugin"
+    wants_predictions = True
+
+    def assign(self, client, losses, labels, predictions):
+        return hard_gamma(losses, most_accurate(labels, predictions))
+
+    def assign_held_out(self, client, losses, labels, predictions):
+        return one_hot(most_accurate(labels, predictions), self.num_models)
+
+
+@dataclass
+class ByAccuracyStep(IFCAStep):
+    wants_predictions = True
+
+    def run(self, losses, labels, memory, predictions):
+        gamma = hard_gamma(losses, most_accurate(labels, predictions))
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def held_out(self, losses, labels, predictions):
+        return one_hot(most_accurate(labels, predictions), losses.shape[1])
+
+
+class ByAccuracyPart(IFCA):
+    """The same rule as a client part, run where each client's data is."""
+
+    name = "by-accuracy-part"
+    Step = ByAccuracyStep
+
+    def client_step(self, client):
+        return ByAccuracyStep()
+
+
+class Rotating(HardClustering):
+    """Client i trains model (its visits so far) mod K: a per-client count, declared."""
+
+    name = "rotating"
+    title = "Rotating"
+    paper = "a test plugin"
+    state_attributes = ("visits",)
+
+    def init_state(self):
+        super().init_state()
+        self.visits = torch.zeros(self.num_clients, dtype=torch.long)
+
+    def assign(self, client, losses, labels):
+        self.visits[client] += 1
+        return hard_gamma(losses, int(self.visits[client]) % self.num_models)
+
+
+class Forgetful(Rotating):
+    """The same, with its count left out of its state_dict."""
+
+    state_attributes = ()
 '''
 
 DRIFTING = dict(
@@ -83,7 +159,7 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def config(data: Path, out: Path, algorithm: str, rounds: int = 6, **extra):
     return make_config(
         data=str(data), out=str(out), algorithm=algorithm, rounds=rounds, rounds_per_step=2,
-        local_epochs=1, batch_size=16, lr=0.05, clusters=2, device="cpu", **extra,
+        local_epochs=1, batch_size=16, lr=0.05, device="cpu", **{"clusters": 2, **extra},
     )  # fmt: skip
 
 
@@ -122,3 +198,91 @@ def test_statistics_and_steps_reach_the_algorithm(plugin: None, tmp_path: Path) 
     resumed = load_state(half / MODEL)
     assert resumed["algorithm"]["steps_begun"].tolist() == [0, 1, 2, -1]
     torch.testing.assert_close(resumed["models"], load_state(full / MODEL)["models"])
+
+
+# Two samples of class 0 under two models: model 0 is right on both, without confidence (loss
+# 0.60 each); model 1 is sure and right on the first (0.007), wrong on the second (0.74).
+# Lowest mean loss: model 1 (0.37 < 0.60); most accurate: model 0 (2/2 against 1/2).
+LOGITS = torch.tensor([[[0.2, 0.0], [0.2, 0.0]], [[5.0, 0.0], [0.0, 0.1]]])
+LABELS = torch.zeros(2, dtype=torch.long)
+
+
+@pytest.mark.parametrize("name", ["ByAccuracy", "ByAccuracyPart"])
+def test_an_algorithm_can_choose_the_most_accurate_model(plugin: None, name: str) -> None:
+    """The predictions given beside the losses let a rule choose model 0, the most accurate,
+    where the lowest-loss rule (IFCA) chooses model 1; the same for a held-out client."""
+    losses, guesses = per_sample_losses(LOGITS, LABELS), sample_predictions(LOGITS)
+    assert guesses.tolist() == [[0, 0], [0, 1]]
+    ifca = build_algorithm(make_config(algorithm="ifca", clusters=2), 2, 2)
+    ifca.e_step(0, losses, LABELS, guesses)  # given, not wanted: not passed on
+    assert ifca.omega[0].tolist() == [0.0, 1.0]
+    algo = build_algorithm(make_config(algorithm=f"contract_probe:{name}", clusters=2), 2, 2)
+    algo.e_step(0, losses, LABELS, guesses)
+    assert algo.omega[0].tolist() == [1.0, 0.0]
+    algo.held_out_step(1, losses, LABELS, guesses)
+    assert algo.omega[1].tolist() == [1.0, 0.0]
+    if algo.client_part:  # where a held-out client's data is (`pipeline.clients`)
+        assert held_out_omega(algo.client_step(1), LOGITS, LABELS).tolist() == [1.0, 0.0]
+
+
+def rows(run: Path) -> list[dict]:
+    lines = (run / METRICS).read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines]
+
+
+def test_choosing_by_accuracy_trains_end_to_end(
+    plugin: None, tiny_data: Path, tmp_path: Path
+) -> None:
+    """Both forms train through the round loop to the same numbers, and each held-out client's
+    final ω is on the model that classifies most of its labelled part right."""
+    runs = {
+        name: train_stage(config(tiny_data, tmp_path / name, f"contract_probe:{name}", rounds=3))
+        for name in ("ByAccuracy", "ByAccuracyPart")
+    }
+    assert rows(runs["ByAccuracy"]) == rows(runs["ByAccuracyPart"])
+    final = load_state(runs["ByAccuracy"] / MODEL)
+    data = load_federated(tiny_data)
+    setup = config(tiny_data, tmp_path / "x", "contract_probe:ByAccuracy")
+    executor = make_executor(setup, data, torch.device("cpu"))
+    for client in data.held_out:
+        part = data.train_slices[client]
+        logits = executor.logits(final["models"], data.images[part])
+        correct = (sample_predictions(logits) == data.labels[part][:, None]).double().mean(0)
+        assert final["omega"][client].tolist() == one_hot(correct)
+
+
+def one_hot(scores: torch.Tensor) -> list[float]:
+    return [float(k == int(scores.argmax())) for k in range(len(scores))]
+
+
+ROTATING = "contract_probe:Rotating"
+
+
+def test_declared_state_survives_a_resume(plugin: None, tiny_data: Path, tmp_path: Path) -> None:
+    """Rotating's visit counts are saved by the base: 4 rounds straight and 2 + 2 resumed give
+    the same metrics and state, and no warning."""
+    setup = dict(clusters=3, checkpoint_every=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedrcWarning)
+        full = train_stage(config(tiny_data, tmp_path / "full", ROTATING, 4, **setup))
+        half = tmp_path / "half"
+        train_stage(config(tiny_data, half, ROTATING, 2, **setup))
+        train_stage(config(tiny_data, half, ROTATING, 4, **setup), resume=True)
+    assert rows(full) == rows(half)
+    state = load_state(half / MODEL)["algorithm"]
+    participating = load_federated(tiny_data).participating
+    assert state["visits"][participating].tolist() == [4] * len(participating)
+    torch.testing.assert_close(state["visits"], load_state(full / MODEL)["algorithm"]["visits"])
+
+
+def test_state_left_out_of_the_state_dict_is_one_warning(
+    plugin: None, tiny_data: Path, tmp_path: Path
+) -> None:
+    """Forgetful keeps its counts outside its state_dict: the first checkpoint says so, once,
+    in one line naming the attribute and the fix."""
+    with pytest.warns(FedrcWarning) as caught:
+        train_stage(config(tiny_data, tmp_path / "r", "contract_probe:Forgetful", 2, clusters=3))
+    messages = [str(w.message) for w in caught if "state_dict" in str(w.message)]
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert "visits not in its state_dict" in messages[0]
+    assert "state_attributes = ('visits',)" in messages[0]

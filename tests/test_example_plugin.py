@@ -3,6 +3,7 @@ rule on a hand-checked case, and the package through partition, train, eval and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from typer.testing import CliRunner
 from fedrc_cli.app import app
 from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.engine import LocalResult
+from pipeline.models import MODELS
 from pipeline.resolve import make_config
+from pipeline.settings import description
 
 if "flsc" not in ALGORITHMS.names():
     pytest.fail("the example plugin is not installed: run `bash .ci/setup`", pytrace=False)
@@ -39,6 +42,13 @@ def test_flsc_clients_train_their_n_best_models_and_the_server_averages_them() -
     new = algo.aggregate(models)
     torch.testing.assert_close(new, torch.tensor([[3.0, 0.0], [0.0, 6.0], [2.0, 2.0]]))
     torch.testing.assert_close(algo.omega[0], torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64))
+
+
+def test_the_example_describes_each_of_its_settings() -> None:
+    """What `fedrc info flsc` and `fedrc info digits-mlp` show in their description column."""
+    for settings in (ALGORITHMS.get("flsc").Settings, MODELS.get("digits-mlp").settings):
+        for item in dataclasses.fields(settings):
+            assert description(item), item.name
 
 
 def test_the_example_package_runs_partition_train_eval_plot(

@@ -137,3 +137,27 @@ def test_tiny_reproduction_end_to_end(tmp_path: Path) -> None:
     assert set(rows) == {"fedavg", "fedrc"} and rows["fedrc"]["seeds"] == "0 1"
     assert (target / "report" / "report.png").is_file()
     assert not (target / "runs" / "fedrc-s0" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("name", ["drift", "static"])
+def test_the_comparison_pipelines_run_every_built_in(name: str) -> None:
+    """experiments/drift and experiments/static compare every built-in algorithm: each train
+    command of the matrix resolves, with its per_algorithm row, into a valid configuration
+    (no training: the runs take hours)."""
+    from pipeline.algorithms import BUILT_IN
+
+    folder = ROOT / "experiments" / name
+    params = read_params(folder / "params.yaml")
+    stages = yaml.safe_load((folder / "dvc.yaml").read_text())["stages"]
+    assert sorted(params["algorithms"]) == sorted(BUILT_IN) and params["seeds"] == [0, 1, 2]
+    assert sorted(params["per_algorithm"]) == sorted(BUILT_IN)
+    drift = params["partition"].get("drift")
+    assert drift == ("fedccfa-recurrent" if name == "drift" else None)
+    for algorithm in params["algorithms"]:
+        command = stages["train"]["cmd"].replace("${item.algorithm}", algorithm)
+        config = train_config(command.replace("${item.seed}", "2").split(" && ")[0], params)
+        config.validate()
+        assert (config.algorithm, config.seed, config.rounds) == (algorithm, 2, 24)
+        for key, value in params["per_algorithm"][algorithm].items():
+            where = config if hasattr(config, key) else config.algorithm_settings
+            assert getattr(where, key) == value, (algorithm, key)

@@ -117,6 +117,39 @@ def test_merge_folds_rows_closer_than_delta_prime_by_their_chunk_counts() -> Non
     assert algo.round_info() == {"active_models": 2} and int(algo.cluster[2]) == 1
 
 
+@pytest.mark.parametrize(
+    ("distance", "losses", "merged"),
+    [
+        # L_0(θ_0) 0.5, L_0(θ_1) 0.6, L_1(θ_0) 0.45, L_1(θ_1) 0.3. data: max(0.6 − 0.5,
+        # 0.45 − 0.3) = 0.15 ≤ δ′ = 0.2; model: max(0.45 − 0.5, 0.6 − 0.3) = 0.3 > δ′
+        ("data", ((0.5, 0.6), (0.45, 0.3)), True),
+        ("model", ((0.5, 0.6), (0.45, 0.3)), False),
+        # L_0(θ_0) 0.2, L_0(θ_1) 0.5, L_1(θ_0) 0.38, L_1(θ_1) 0.35. data: max(0.3, 0.03) = 0.3;
+        # model (the authors' 'A'): max(0.38 − 0.2, 0.5 − 0.35) = 0.18
+        ("data", ((0.2, 0.5), (0.38, 0.35)), False),
+        ("model", ((0.2, 0.5), (0.38, 0.35)), True),
+    ],
+)
+def test_the_merge_distance_is_on_the_clusters_data_or_on_the_models(
+    distance: str, losses: tuple, merged: bool
+) -> None:
+    """Client 2 drifts to row 1 at step 1; at step 2 clients 0, 1 (cluster 0) and 2 (cluster 1)
+    score rows 0 and 1 with the losses L_a(θ_b) above (row 2 unused); each client's best row is
+    its own, so only the merge can join them."""
+    algo = make(distance=distance)
+    models = torch.zeros(3, 2)
+    same = ([1.0, 1.0, 1.0], [0.0, 0.0])
+    step(algo, 0, models, dict.fromkeys(range(3), same))
+    stay = ([0.5, 9.0, 9.0], [0.0, 0.0])
+    step(algo, 1, models, {0: stay, 1: stay, 2: ([1.5, 9.0, 9.0], [0.0, 0.0])})
+    assert algo.cluster[:3].tolist() == [0, 0, 1]
+    (a, b), (c, d) = losses
+    cluster0 = ([a, b, 9.0], [0.0, 0.0])
+    step(algo, 2, models, {0: cluster0, 1: cluster0, 2: ([c, d, 9.0], [0.0, 0.0])})
+    assert algo.cluster[:3].tolist() == ([0, 0, 0] if merged else [0, 0, 1])
+    assert algo.round_info() == {"active_models": 1 if merged else 2}
+
+
 def test_clients_that_left_a_model_still_score_it_for_the_merge() -> None:
     """Two clients drift together to rows 1 and 2; at the next step both pick row 2 as best.
     Row 1 has no member left, but client 1's data (its concept unchanged since its drift)
@@ -137,6 +170,29 @@ def test_clients_that_left_a_model_still_score_it_for_the_merge() -> None:
     )  # fmt: skip
     assert algo.cluster.tolist() == [0, 1, 1] and algo.in_use.tolist() == [True, True, False]
     torch.testing.assert_close(new[1], torch.tensor([2.25, 2.25]))
+
+
+def test_a_client_back_on_a_recurring_concept_stops_scoring_its_old_model() -> None:
+    """Client 2 drifts to row 1 at step 1. At step 2 client 1 takes row 1's concept: its loss
+    falls (0.5 → 0.2 under row 1, so the detector sees no drift) but row 0's is 3.0, more than
+    δ above: its data now says nothing of row 0's cluster. Cluster 0 is scored on client 0's N
+    samples alone (L_0 = (0.5, 3.0)), cluster 1 on clients 1 and 2's 2N, and the two stay
+    apart. (Scored as before its move, cluster 0 would mix both concepts.)"""
+    algo = make(clients=3)
+    models = torch.zeros(3, 2)
+    same = ([1.0, 1.0, 1.0], [0.0, 0.0])
+    step(algo, 0, models, dict.fromkeys(range(3), same))
+    stay = ([0.5, 9.0, 9.0], [0.0, 0.0])
+    step(algo, 1, models, {0: stay, 1: stay, 2: ([2.0, 9.0, 9.0], [0.0, 0.0])})
+    assert algo.cluster.tolist() == [0, 0, 1]
+    recurring = ([3.0, 0.2, 9.0], [0.0, 0.0])
+    step(algo, 2, models, {0: ([0.5, 3.0, 9.0], [0.0, 0.0]), 1: recurring, 2: recurring})
+    assert algo.cluster.tolist() == [0, 1, 1] and int(algo.release[1]) == -1  # not a drift
+    rows = [[True, False, False], [False, True, False], [False, True, False]]
+    assert algo.lineage.tolist() == rows
+    assert algo.mass[:2].tolist() == [N, 2 * N]
+    torch.testing.assert_close(algo.table[0, :2] / N, torch.tensor([0.5, 3.0], dtype=torch.float64))
+    assert algo.round_info() == {"active_models": 2}
 
 
 def test_a_full_pool_keeps_the_client_on_its_best_model_and_evicts_the_least_recently_used():
@@ -206,7 +262,13 @@ def test_state_round_trips() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("delta", 0.0), ("delta_merge", -0.1), ("window", 0), ("init", "random")],
+    [
+        ("delta", 0.0),
+        ("delta_merge", -0.1),
+        ("window", 0),
+        ("init", "random"),
+        ("distance", "loss"),
+    ],
 )
 def test_bad_settings_are_one_line(key: str, value: object) -> None:
     with pytest.raises(FedrcError, match=rf"^train\.feddrift\.{key}: expected"):
@@ -276,7 +338,9 @@ def test_torchrun_equals_one_process(swap_drift: Path, tmp_path: Path) -> None:
     clients a round, so some check in at a later round of a step)."""
     from test_distributed import BASE, assert_same_run, single, torchrun
 
-    values = {**BASE, "algorithm": "feddrift", "rounds": 12, "clusters": 5, "eval_every": 3}
+    # 4 rounds a step: the switched clients' new models merge at the last round, once every
+    # client of the step has checked in (with 3 a step, the merge would come after the run)
+    values = {**BASE, "algorithm": "feddrift", "rounds": 16, "clusters": 5, "eval_every": 4}
     expected = single(swap_drift, tmp_path / "single", values)
     torchrun(tmp_path, swap_drift, tmp_path / "two", values)
     assert_same_run(expected, tmp_path / "two", exact=False)

@@ -1,10 +1,15 @@
-"""`fedrc flower app` (core install, no Flower needed): the app folder it writes, its refusals."""
+"""`fedrc flower app`: the app folder it writes and its refusals (Flower's presence faked: these
+run in the core install), and the one line it gives where Flower is not installed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,23 @@ from pipeline.flower.appconfig import Deployment, run_settings, train_config_fro
 
 runner = CliRunner()
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+pytestmark = pytest.mark.usefixtures("flower_installed")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is not None, reason="Flower is installed")
+def test_without_flower_it_says_what_to_install_and_writes_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrc_cli", "flower", "app", "--app", "app"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "Error: fedrc flower app: Flower is not installed in this environment; install the "
+        "extra (Python 3.11 or newer): pip install 'fedrc[flower]'"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_help() -> None:
@@ -89,3 +111,20 @@ def test_run_settings_refuse_what_a_run_config_override_got_wrong(values, error)
     """`flwr run --run-config` may give any key any TOML value: each is one line."""
     with pytest.raises(FedrcError, match=re.escape(error)):
         run_settings(values)
+
+
+def test_the_docs_add_the_flwr_connection_once(tmp_path: Path) -> None:
+    """docs/flower.md's block that adds the SuperLink to `config.toml` may run twice."""
+    page = (ROOT / "docs" / "flower.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "fedrc-local]" in b]
+    script = "\n".join(line for line in block.splitlines() if not line.startswith("flwr run"))
+    config = tmp_path / "flwr" / "config.toml"
+    env = {**os.environ, "FLWR_HOME": str(config.parent)}
+    for _ in range(2):
+        subprocess.run(["bash", "-euc", script], env=env, check=True, timeout=30)
+    written = tomllib.loads(config.read_text())  # a repeated table would not parse
+    assert written["superlink"]["fedrc-local"] == {"address": "127.0.0.1:9090", "insecure": True}
+    config.write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
+    subprocess.run(["bash", "-euc", script], env=env, check=True, timeout=30)  # flwr's own file
+    names = set(tomllib.loads(config.read_text())["superlink"])
+    assert names == {"default", "local", "fedrc-local"}

@@ -24,6 +24,8 @@ from pipeline.config import EvalConfig, PartitionConfig
 from pipeline.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, train_stage
 
+pytestmark = pytest.mark.usefixtures("flower_installed")  # `flower app` writes as the others
+
 runner = CliRunner()
 PART = dict(dataset="synthetic", clients=6, samples_per_client=40, holdout_samples=30)
 PART_ARGS = [x for k, v in PART.items() for x in (f"--{k.replace('_', '-')}", str(v))]

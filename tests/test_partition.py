@@ -1,5 +1,6 @@
 import gzip
 import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -213,8 +214,14 @@ def test_manifest_records_enough_to_rebuild_the_same_shards(tmp_path: Path) -> N
     assert first.format_version == 2 and first.config["label_split"] == "cluster_n_class"
     assert {"numpy", "pyarrow", "torch", "python"} <= set(first.versions)
     files = sorted((tmp_path / "a" / "shards").iterdir())
-    per_shard = sorted(hashlib.sha256(f.read_bytes()).hexdigest() for f in files)
-    assert first.content_hash == hashlib.sha256("\n".join(per_shard).encode()).hexdigest()
+    per_shard = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    # the content hash covers the shards by name and every record that says what they mean
+    written = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    covered = ("dataset", "image_shape", "num_classes", "concepts", "num_participating")
+    meaning = {k: written[k] for k in (*covered, "clients")} | {"time_steps": 1}
+    assert written["content_hash_covers"] == [*covered, "time_steps", "clients"]
+    canonical = json.dumps({**meaning, "files": per_shard}, sort_keys=True, separators=(",", ":"))
+    assert first.content_hash == hashlib.sha256(canonical.encode()).hexdigest()
     rebuilt = partition_stage(PartitionConfig(**first.config, out=str(tmp_path / "b")))
     assert rebuilt.content_hash == first.content_hash
     assert {c.label_group for c in first.clients if c.participating} == {0, 1}

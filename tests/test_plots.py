@@ -3,13 +3,18 @@ clients readable, and "one model" where there are no clusters."""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import matplotlib.figure
+import numpy as np
 import pytest
 
 from pipeline import run_files as rf
 from pipeline.config import PlotConfig
+from pipeline.data.records import read_manifest
+from pipeline.plots import class_rows, cluster_shares, final_omega
 from pipeline.stages import plot_stage
 
 
@@ -36,7 +41,8 @@ def titles(figure: matplotlib.figure.Figure) -> str:
 def test_figures_name_the_run_and_read_clearly(tiny_runs: dict[str, Path], figures) -> None:
     plot_stage(PlotConfig(run=str(tiny_runs["fedrc"])))
     for name in ("cluster_map.png", "accuracy.png", "omega.png"):
-        assert "FedRC (fedrc)" in titles(figures[name]), name
+        assert "FedRC: " in titles(figures[name]), name  # the paper's name
+        assert "(fedrc)" not in titles(figures[name]), name  # runs/fedrc: not said twice
     ticks = figures["accuracy.png"].axes[0].get_xticks()
     assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)  # no round 2.5
     top, bottom, colourbar = figures["omega.png"].axes
@@ -52,4 +58,64 @@ def test_a_single_model_run_says_one_model(tiny_runs: dict[str, Path], figures) 
     for name in ("cluster_map.png", "omega.png"):
         texts = [t.get_text() for ax in figures[name].axes for t in ax.texts]
         assert any(text.startswith("one model") for text in texts), name
-        assert "FedAvg (fedavg)" in titles(figures[name])
+        assert titles(figures[name]).split(" | ")[0] == "FedAvg", name
+
+
+def test_a_run_folder_named_otherwise_is_named(
+    tiny_runs: dict[str, Path], figures, tmp_path: Path
+) -> None:
+    run = tmp_path / "fedrc-lr0.3"
+    shutil.copytree(tiny_runs["fedrc"], run)
+    plot_stage(PlotConfig(run=str(run)))
+    assert titles(figures["cluster_map.png"]).startswith("FedRC (fedrc-lr0.3): ")
+
+
+def test_the_cluster_map_has_a_scale_client_counts_and_says_which_labels(
+    tiny_runs: dict[str, Path], tiny_data: Path, figures
+) -> None:
+    """A colour bar for the shares, each row's number of participating clients, and whether
+    the class rows are the labels before or after the concept's mapping."""
+    plot_stage(PlotConfig(run=str(tiny_runs["fedrc"])))
+    classes, styles, concepts, colourbar = figures["cluster_map.png"].axes
+    assert "share" in colourbar.get_ylabel() and "cluster" in colourbar.get_ylabel()
+    assert colourbar.get_ylim() == (0.0, 1.0)
+    manifest = read_manifest(tiny_data)
+    part = [c for c in manifest.clients if c.participating]
+    expected = [f"{name} (n={sum(c.concept == k for c in part)})" for k, name in
+                enumerate(manifest.concepts)]  # fmt: skip
+    assert [t.get_text() for t in concepts.get_yticklabels()] == expected
+    holding = [sum(c.label_histogram[y] > 0 for c in part) for y in range(10)]
+    assert [t.get_text() for t in classes.get_yticklabels()] == [
+        f"{y} (n={n})" for y, n in enumerate(holding)
+    ]
+    assert all("(n=" in t.get_text() for t in styles.get_yticklabels())
+    # synthetic data's concepts reverse and shift the labels; the class rows count them so
+    assert "label after the concept's mapping" in classes.get_ylabel()
+
+
+def test_class_rows_say_original_labels_where_no_concept_maps_them(tiny_data: Path) -> None:
+    manifest = read_manifest(tiny_data)
+    assert class_rows(manifest) == "label after the concept's mapping"
+    unmapped = dataclasses.replace(
+        manifest,
+        clients=tuple(
+            dataclasses.replace(c, label_histogram=c.true_label_histogram) for c in manifest.clients
+        ),
+    )
+    assert class_rows(unmapped).startswith("original label")
+
+
+def test_cluster_shares_count_the_clients_of_each_row(
+    tiny_runs: dict[str, Path], tiny_data: Path
+) -> None:
+    """Shares sum to 1 per row, and a row's count is its participating clients."""
+    manifest = read_manifest(tiny_data)
+    _, omega = final_omega(rf.read_assignments(tiny_runs["fedrc"] / rf.ASSIGNMENTS))
+    part = [c for c in manifest.clients if c.participating]
+    shares = cluster_shares(omega, manifest)
+    for name, (labels, matrix, clients) in shares.items():
+        assert np.allclose(matrix.sum(1)[clients > 0], 1.0), name
+        assert len(labels) == len(clients) == matrix.shape[0], name
+    styles, _, style_clients = shares["style"]
+    assert list(style_clients) == [sum(c.style == s for c in part) for s in styles]
+    assert shares["concept"][2].sum() == len(part)

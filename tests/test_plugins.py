@@ -1,21 +1,29 @@
 """Components from outside fedrc (entry points, module:Name), per-algorithm settings through
-params.yaml and --set, and runs written before settings existed."""
+params.yaml and --set, their descriptions in `fedrc info NAME`, and runs written before
+settings existed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
+from fedrc_cli.catalog import settings_table
 from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS
+from pipeline.algorithms import BUILT_IN as BUILT_IN_ALGORITHMS
 from pipeline.errors import FedrcError
+from pipeline.models import BUILT_IN as BUILT_IN_MODELS
+from pipeline.models import MODELS
 from pipeline.resolve import from_values, make_config, train_config
+from pipeline.settings import description
 
 PLUGIN = '''
 from dataclasses import dataclass
@@ -99,6 +107,32 @@ def test_an_entry_point_algorithm_is_listed_configured_and_trained(
     saved = json.loads(Path("r/config.json").read_text())
     assert saved["settings"]["tempered"] == {"temperature": 3.0}
     assert invoke("eval", "--run", "r").exit_code == 0
+
+
+def test_every_built_in_setting_says_what_it_does() -> None:
+    """Each built-in algorithm's and model's setting has a one-line description, and
+    `fedrc info NAME` shows it in its own column."""
+    components = [(ALGORITHMS, a, a.Settings) for a in BUILT_IN_ALGORITHMS.values()]
+    components += [(MODELS, m, m.settings) for m in BUILT_IN_MODELS.values()]
+    checked = 0
+    for registry, component, settings in components:
+        name = component.name
+        table = Console(width=400, record=True)
+        table.print(settings_table(name, registry, component))
+        shown = table.export_text()
+        assert "description" in shown
+        for item in dataclasses.fields(settings):
+            text = description(item)
+            assert text and "\n" not in text, f"{name}.{item.name}"
+            assert text in shown, f"{name}.{item.name}"
+            checked += 1
+    assert checked >= 30  # every algorithm's settings were seen, not an empty loop
+
+
+def test_a_plugin_without_descriptions_lists_its_settings(plugin_package: Path) -> None:
+    listing = invoke("info", "tempered")
+    assert listing.exit_code == 0, listing.output
+    assert "temperature" in listing.output and "2.0" in listing.output
 
 
 def test_a_broken_plugin_is_one_line_where_named_and_harmless_elsewhere(

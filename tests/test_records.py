@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.data.records import (
+    COVERED,
     MANIFEST,
     ClientRecord,
     Manifest,
@@ -124,4 +125,74 @@ def test_a_bad_manifest_is_one_line_naming_the_file_and_the_key(
 def test_every_key_missing_at_once_is_listed(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps({"format_version": 2, "dataset": "fmnist"}))
     with pytest.raises(FedrcError, match=r"manifest lacks source, image_shape, num_classes, "):
+        read_manifest(tmp_path)
+
+
+def _swap_sizes(m: dict) -> None:
+    client = m["clients"][0]
+    client["train_size"], client["test_size"] = client["test_size"], client["train_size"]
+
+
+def _swap_shards(m: dict) -> None:
+    files = m["files"]
+    a, b = "client-00001.parquet", "client-00002.parquet"
+    files[a], files[b] = files[b], files[a]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _set(12, "num_classes"),
+        _set([8, 32, 1], "image_shape"),
+        lambda m: m.update(concepts=m["concepts"][::-1]),
+        _set("fmnist", "dataset"),
+        _set(3, "time_steps"),
+        _swap_sizes,
+        lambda m: m["clients"][13].update(concept=0),
+        lambda m: m["clients"][3].update(style="fog"),
+        lambda m: m["clients"][4].update(participating=False),
+        _swap_shards,
+    ],
+    ids=[
+        "num_classes",
+        "image_shape",
+        "concepts",
+        "dataset",
+        "time_steps",
+        "sizes",
+        "concept",
+        "style",
+        "participating",
+        "shards",
+    ],
+)
+def test_the_content_hash_covers_what_the_data_means(tiny_data: Path, tmp_path: Path, change):
+    """An edit of any record that changes what the shards mean is refused by the hash (a
+    benchmark written by this fedrc: `content_hash_covers`)."""
+    data = json.loads((tiny_data / MANIFEST).read_text())
+    assert data["content_hash_covers"] == list(COVERED)
+    write_manifest(tmp_path, read_manifest(tiny_data))  # written back: the same hash
+    assert read_manifest(tmp_path).content_hash == data["content_hash"]
+    change(data)
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(FedrcError) as caught:
+        read_manifest(tmp_path)
+    line = str(caught.value)
+    assert line.startswith(f"{tmp_path / MANIFEST}: ") and "\n" not in line, line
+
+
+def test_a_manifest_from_before_the_covering_hash_still_checks_num_classes(tmp_path) -> None:
+    data = json.loads((FORMAT2 / MANIFEST).read_text())
+    assert "content_hash_covers" not in data  # its hash covers the shards only
+    data["num_classes"] = 12
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(FedrcError, match=r"clients\[0\]\.label_histogram: expected 12 counts"):
+        read_manifest(tmp_path)
+
+
+def test_a_hash_rule_this_fedrc_does_not_know_is_refused(tiny_data: Path, tmp_path) -> None:
+    data = json.loads((tiny_data / MANIFEST).read_text())
+    data["content_hash_covers"] = ["num_classes"]
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(FedrcError, match=r"content_hash_covers lists \['num_classes'\], this"):
         read_manifest(tmp_path)

@@ -207,3 +207,40 @@ def test_the_table_fits_80_columns(runs_root: Path, tmp_path: Path) -> None:
     for header in ("algorithm", "local", "global", "last", "purity", "labels", "paper"):
         assert header in text
     assert "91.0/62.4" in text
+
+
+def test_a_hard_evaluated_ifca_keeps_its_paper_column_and_concept_map(
+    runs_root: Path, tiny_data: Path, tmp_path: Path
+) -> None:
+    """`fedrc eval --hard` is IFCA's own rule (one cluster's model a client), the one its paper
+    reports: the row stays "IFCA" with Table 1's numbers and its concept map. FedRC scored hard
+    is a variant: marked, no paper numbers, and its ω (the soft run's) is not drawn twice."""
+    from pipeline.report import concept_maps, find_manifest, group_runs, load_run
+
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    ifca = root / "ifca-s0"
+    train_stage(make_config(**dict(FAST, data=str(tiny_data), algorithm="ifca"), out=str(ifca)))
+    eval_stage(EvalConfig(run=str(ifca), hard=True))
+    hard_fedrc = root / "fedrc-s0-hard"
+    shutil.copytree(root / "fedrc-s0", hard_fedrc)
+    eval_stage(EvalConfig(run=str(hard_fedrc), hard=True))
+    out = tmp_path / "out"
+    result = invoke(root, "--out", out)
+    assert result.exit_code == 0, result.output
+    with (out / "report.csv").open() as f:
+        rows = {row["label"]: row for row in csv.DictReader(f)}
+    assert "IFCA (hard)" not in rows
+    paper = PAPER_TABLE1_FMNIST["IFCA"]
+    assert (float(rows["IFCA"]["paper_local"]), float(rows["IFCA"]["paper_global"])) == (
+        paper[0][0],
+        paper[1][0],
+    )
+    assert rows["FedRC (hard)"]["paper_local"] == ""
+    assert "| IFCA | 0 |" in (out / "report.md").read_text()
+
+    runs = [load_run(p) for p in sorted(root.iterdir())]
+    titles = [title for title, _ in concept_maps(group_runs(runs), find_manifest(runs[0]))]
+    assert [t.split(",")[0] for t in titles] == ["IFCA", "FedEM", "FedRC"]
+    concepts, _ = concept_maps(group_runs(runs), find_manifest(runs[0]))[0][1]
+    assert all("(n=" in c for c in concepts)  # the clients behind each row

@@ -31,7 +31,8 @@ from fedrc_cli.app import app
 from pipeline import run_files as rf
 from pipeline.checks import require_finite
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
-from pipeline.data.records import content_hash
+from pipeline.data.records import content_hash, covered_records
+from pipeline.derived import model_digest, state_digest
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_files
 from pipeline.models import MODELS, build_model
@@ -188,10 +189,68 @@ def label_out_of_range(root: Path) -> None:
 
 def rehash(root: Path, path: Path) -> None:
     """The manifest records `path`'s new SHA-256: only the shard checks can find the change."""
-    manifest = json.loads((root / "d/manifest.json").read_text())
-    manifest["files"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    manifest["content_hash"] = content_hash(manifest["files"])
-    (root / "d/manifest.json").write_text(json.dumps(manifest))
+    edit_manifest(lambda m: m["files"].update({path.name: sha256(path)}))(root)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def edit_manifest(change: Callable[[dict], None], seal: bool = True) -> Callable[[Path], None]:
+    """Change d/manifest.json; with `seal` its content hash is computed again as `fedrc
+    partition` computes it, so only the checks of the shards against the records can refuse
+    the edit."""
+
+    def go(root: Path) -> None:
+        manifest = json.loads((root / "d/manifest.json").read_text())
+        change(manifest)
+        if seal:
+            manifest["content_hash"] = content_hash(manifest["files"], covered_records(manifest))
+        (root / "d/manifest.json").write_text(json.dumps(manifest))
+
+    return go
+
+
+def edit_shard(client: int, column: str, row: int, value: int) -> Callable[[Path], None]:
+    """One value of an int16 column of a client's shard, the manifest's hashes updated."""
+
+    def go(root: Path) -> None:
+        path = root / f"d/shards/client-{client:05d}.parquet"
+        table = pq.read_table(path)
+        values = table.column(column).to_numpy().copy()
+        values[row] = value
+        at = table.column_names.index(column)
+        pq.write_table(table.set_column(at, column, pa.array(values, pa.int16())), path)
+        rehash(root, path)
+
+    return go
+
+
+def swap_sizes(manifest: dict) -> None:
+    client = manifest["clients"][0]
+    client["train_size"], client["test_size"] = client["test_size"], client["train_size"]
+
+
+def more_classes(manifest: dict) -> None:
+    """num_classes 12, every label histogram given the two extra (empty) classes."""
+    manifest["num_classes"] = 12
+    for client in manifest["clients"]:
+        for key in ("label_histogram", "true_label_histogram"):
+            client[key] += [0, 0]
+
+
+def repartitioned(root: Path) -> None:
+    """d built again with another seed (as `fedrc partition --overwrite` would leave it)."""
+    shutil.rmtree(root / "d")
+    shutil.copytree(root / "d2", root / "d")
+
+
+def extended_unfinished(root: Path) -> None:
+    """What a `--resume --rounds 3` killed after its round 3 leaves: metrics.jsonl and
+    config.json say 3 rounds, model.pt is still round 2's."""
+    edit_config(rounds=3)(root)
+    with (root / "r/metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"round": 3, "train_loss": 0.5}) + "\n")
 
 
 def edit_config(**changes) -> Callable[[Path], None]:
@@ -368,6 +427,69 @@ CASES = [
         ["train", *RUN_R, "--out", "new"],
         label_out_of_range,
         ["d/shards/client-00000.parquet: label 10 in row 3 (1 such rows) is outside [0, 10)"],
+    ),
+    (  # the true labels too, in a held-out client's test rows as anywhere
+        "t-true-label-out-of-range",
+        ["train", *RUN_R, "--out", "new"],
+        edit_shard(7, "true_label", 29, 12),
+        ["d/shards/client-00007.parquet: true label 12 in row 29", "outside [0, 10)"],
+    ),
+    (
+        "e-label-out-of-range-held-out-test",
+        ["eval", "--run", "r"],
+        edit_shard(7, "label", 29, -1),
+        ["d/shards/client-00007.parquet: label -1 in row 29", "outside [0, 10)"],
+    ),
+    (  # the manifest's hash covers num_classes: an edit is refused, whatever else it changes
+        "t-num-classes-edited",
+        ["train", *RUN_R, "--out", "new"],
+        edit_manifest(lambda m: m.update(num_classes=12), seal=False),
+        ["d/manifest.json: clients[0].label_histogram: expected 12 counts (num_classes), got 10"],
+    ),
+    (
+        "t-num-classes-and-histograms-edited",
+        ["train", *RUN_R, "--out", "new"],
+        edit_manifest(more_classes, seal=False),
+        ["d/manifest.json: content_hash does not match the shard hashes and records it covers"],
+    ),
+    (
+        "t-sizes-swapped-hash",
+        ["train", *RUN_R, "--out", "new"],
+        edit_manifest(swap_sizes, seal=False),
+        ["d/manifest.json: content_hash does not match", "the manifest was edited"],
+    ),
+    (  # sealed again: the shard's own rows say which are training rows
+        "t-sizes-swapped",
+        ["train", *RUN_R, "--out", "new"],
+        edit_manifest(swap_sizes),
+        [
+            "d/shards/client-00000.parquet: the shard and the manifest's clients[0] disagree",
+            "train_size 4 and test_size 36, but the shard holds 36 train and 4 test rows",
+        ],
+    ),
+    (
+        "t-row-count",
+        ["train", *RUN_R, "--out", "new"],
+        edit_manifest(lambda m: m["clients"][1].update(test_size=m["clients"][1]["test_size"] + 1)),
+        ["d/shards/client-00001.parquet: shard does not match the manifest (40 rows, expected 41"],
+    ),
+    (
+        "t-shards-renamed",
+        ["train", *RUN_R, "--out", "new"],
+        lambda root: (
+            (root / "d/shards/client-00001.parquet").rename(root / "d/shards/x"),
+            (root / "d/shards/client-00002.parquet").rename(root / "d/shards/client-00001.parquet"),
+            (root / "d/shards/x").rename(root / "d/shards/client-00002.parquet"),
+            edit_manifest(
+                lambda m: m["files"].update(
+                    {
+                        "client-00001.parquet": m["files"]["client-00002.parquet"],
+                        "client-00002.parquet": m["files"]["client-00001.parquet"],
+                    }
+                )
+            )(root),
+        ),
+        ["d/shards/client-00001.parquet", "rows of client 2, expected client 1"],
     ),
     (
         "t-algorithm",
@@ -616,6 +738,16 @@ CASES = [
         ["model.pt", "algorithm 'fedavg' there, 'fedrc' here"],
     ),
     ("e-model-digest", ["eval", "--run", "r"], edit_config(data="d2"), ["model.pt", "other data"]),
+    (  # eval.json would take its best-train round from rounds the model has not seen
+        "e-extended-unfinished",
+        ["eval", "--run", "r"],
+        extended_unfinished,
+        [
+            "r/model.pt: holds round 2, but r/metrics.jsonl runs to round 3",
+            "the run was extended and has not finished",
+            "`fedrc train --resume`",
+        ],
+    ),
     (
         "e-model-newer",
         ["eval", "--run", "r"],
@@ -656,6 +788,24 @@ CASES = [
         ["metrics.jsonl", "line 1"],
     ),
     ("pl-manifest", ["plot", "--run", "r"], remove("d/manifest.json"), ["manifest.json"]),
+    (  # as eval refuses it
+        "pl-repartitioned",
+        ["plot", "--run", "r"],
+        repartitioned,
+        ["r/config.json: trained on other data than d", "partitioned again or edited since"],
+    ),
+    (
+        "pl-manifest-edited",
+        ["plot", "--run", "r"],
+        edit_manifest(swap_sizes, seal=False),
+        ["d/manifest.json: content_hash does not match"],
+    ),
+    (
+        "e-manifest-edited",
+        ["eval", "--run", "r"],
+        edit_manifest(lambda m: m.update(concepts=m["concepts"][::-1]), seal=False),
+        ["d/manifest.json: content_hash does not match"],
+    ),
 ]
 
 
@@ -858,15 +1008,9 @@ def test_ctrl_c_says_where_it_stopped_and_how_to_resume(here: Path, monkeypatch)
 
 @pytest.mark.parametrize("command", ["partition", "eval", "plot"])
 def test_sigterm_in_any_stage_is_one_line_and_exit_143(here: Path, monkeypatch, command) -> None:
-    import fedrc_cli.evaluate
-    import fedrc_cli.partition
-    import fedrc_cli.plot
+    from pipeline import stages as module  # the commands import it when they run
 
-    module, stage = {
-        "partition": (fedrc_cli.partition, "partition_stage"),
-        "eval": (fedrc_cli.evaluate, "eval_stage"),
-        "plot": (fedrc_cli.plot, "plot_stage"),
-    }[command]
+    stage = {"partition": "partition_stage", "eval": "eval_stage", "plot": "plot_stage"}[command]
     real = getattr(module, stage)
 
     def killed_midway(config, **options):
@@ -892,6 +1036,64 @@ def test_metrics_torn_tail_only_tolerated_on_resume(tmp_path: Path) -> None:
     with pytest.raises(FedrcError, match="line 1"):
         rf.read_metrics(path, torn_tail_ok=True)
     rf.truncate_metrics(path.with_name("none.jsonl"), 3)  # no file: nothing to do
+
+
+DERIVED = ("eval.json", "eval_clients.json", "plots")
+
+
+def test_derived_outputs_name_what_they_were_made_from(here: Path) -> None:
+    """eval.json and plots/ record the model.pt they describe (its SHA-256), the round and
+    the benchmark."""
+    digest = json.loads(Path("r/config.json").read_text())["data_digest"]
+    model = state_digest(rf.load_state(here / "r/model.pt"))
+    wanted = {"model_digest": model, "round": 2, "data_digest": digest}
+    assert json.loads(Path("r/eval.json").read_text())["made_from"] == wanted
+    drawn = json.loads(Path("r/plots/made_from.json").read_text())
+    assert drawn == {**wanted, "assignments_round": 2}
+
+
+@pytest.mark.parametrize("how", ["--overwrite", "--resume"])
+def test_a_new_or_extended_run_leaves_nothing_stale(here: Path, how: str) -> None:
+    """`train --overwrite` removes what eval and plot made of the old run; so does a
+    `--resume` that trains more rounds. `fedrc report` then asks for eval again."""
+    assert all((here / "r" / name).exists() for name in DERIVED)
+    result = invoke("train", *RUN_R, "--rounds", "3", "--out", "r", how)
+    assert result.exit_code == 0, result.output
+    assert [name for name in DERIVED if (here / "r" / name).exists()] == []
+    assert_one_line(invoke("report", "r", "--out", "rep"), "r: no eval.json", code=2)
+
+
+def test_report_refuses_an_eval_json_of_another_model(here: Path) -> None:
+    """An eval.json kept from before a retraining (or copied from another run) no longer
+    matches the run's model.pt: `fedrc report` refuses it in one line instead of showing the
+    old run's numbers under the new run's name."""
+    old = Path("r/eval.json").read_text()
+    assert invoke("report", "r", "--out", "rep").exit_code == 0
+    result = invoke("train", *RUN_R, "--rounds", "2", "--seed", "1", "--out", "r", "--overwrite")
+    assert result.exit_code == 0, result.output
+    Path("r/eval.json").write_text(old)
+    before = snapshot(here)
+    line = assert_one_line(invoke("report", "r", "--out", "rep2"), code=2)
+    assert f"{here}/r/eval.json: scored another model (digest " in line, line
+    assert line.endswith(f"run `fedrc eval --run {here}/r` again"), line
+    assert snapshot(here) == before
+    recorded = json.loads(old)
+    del recorded["made_from"]  # an eval.json from before fedrc recorded it
+    Path("r/eval.json").write_text(json.dumps(recorded))
+    line = assert_one_line(invoke("report", "r", "--out", "rep2"), code=2)
+    assert "r/eval.json: does not record the model.pt it scored" in line, line
+    assert invoke("eval", "--run", "r").exit_code == 0
+    assert invoke("report", "r", "--out", "rep2").exit_code == 0
+    with open("rep2/report.csv") as f:
+        assert model_digest(here / "r")[:12] in f.read()  # the report names what it read
+
+
+def test_report_refuses_an_eval_json_behind_its_metrics(here: Path) -> None:
+    extended_unfinished(here)
+    line = assert_one_line(invoke("report", "r", "--out", "rep"), code=2)
+    assert (
+        f"{here}/r/eval.json: made at round 2, but {here}/r/metrics.jsonl runs to round 3" in line
+    )
 
 
 def test_checkpoint_every_does_not_change_identity() -> None:

@@ -224,13 +224,17 @@ def test_train_refuses_a_folder_that_is_not_a_run(here: Path, case: str, overwri
 
 def test_a_run_folder_with_dvc_and_stage_outputs_is_a_run(here: Path) -> None:
     """What `dvc repro` leaves in a run folder after removing train's outputs (.gitignore,
-    DVCLive's folder, eval's and plot's outputs) does not make it foreign."""
+    DVCLive's folder, eval's and plot's outputs) does not make it foreign; eval's and plot's
+    outputs describe the run that is gone, so the new run removes them (their stages make
+    them again)."""
     Path("r/.gitignore").write_text("/model.pt\n/checkpoint.pt\n")
     for path in rf.train_outputs(Path("r")):
         path.unlink()
     result = invoke("train", *TRAIN, "--rounds", "1", "--out", "r")
     assert result.exit_code == 0, result.output
-    assert Path("r/eval.json").exists() and Path("r/plots").is_dir()
+    assert not Path("r/eval.json").exists() and not Path("r/plots").exists()
+    assert Path("r/.gitignore").read_text() == "/model.pt\n/checkpoint.pt\n"
+    assert stderr_lines(result) == []  # not "a run stopped before its first checkpoint"
 
 
 # ---- 6: the smaller ones -----------------------------------------------------------------------

@@ -288,3 +288,40 @@ def test_a_rank_leaving_with_the_agreed_error_keeps_its_exit_code_under_sigterm(
     alone = {k: v for k, v in launched.items() if k not in ("WORLD_SIZE", "RANK")}
     done = subprocess.run([sys.executable, "-c", script], env=alone, cwd=ROOT, timeout=60)
     assert done.returncode == -signal.SIGTERM  # without torchrun nothing is ignored
+
+
+def test_eval_and_plot_during_a_training_are_refused_and_never_mix_its_rounds(here: Path):
+    """A `--resume` that extends the run holds it: eval and plot are refused while it trains.
+    Stopped midway, the run has model.pt of round 2 and metrics.jsonl past it: eval refuses
+    that too, rather than writing an eval.json whose best round comes from rounds the model
+    it scored has not seen."""
+    metrics = here / "r" / rf.METRICS
+    args = ["train", *TRAIN, "--rounds", "500", "--out", "r", "--resume"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "fedrc_cli", *args],
+        cwd=here,
+        env=env(),
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):  # round 3 logged
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.02)
+    try:
+        refused(["eval", "--run", "r"], "--run: r", f"pid {first.pid}", "fedrc train")
+        refused(["plot", "--run", "r", "--dpi", "30"], "--run: r", f"pid {first.pid}")
+    finally:
+        first.terminate()  # fedrc stops cleanly on SIGTERM: no torn metrics line
+        first.communicate(timeout=60)
+    assert first.returncode == 143 and locks(here) == []
+    assert rf.load_state(here / "r" / rf.MODEL)["round"] == 2
+    last = max(r["round"] for r in rf.read_metrics(metrics))
+    before = snapshot(here)
+    refused(
+        ["eval", "--run", "r"],
+        "r/model.pt: holds round 2, but r/metrics.jsonl runs to round ",
+        "the run was extended and has not finished",
+    )
+    assert last > 2 and snapshot(here) == before

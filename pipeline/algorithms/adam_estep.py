@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.client import Memory
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 ESTEPS = ("em", "adam")
 
@@ -24,11 +24,11 @@ ESTEPS = ("em", "adam")
 class EStepSettings(Settings):
     """How the E-step moves γ; Adam's defaults are FedConceptEM app. D.1's."""
 
-    estep: str = "em"  # em, or adam (FedConceptEM app. D.1)
-    adam_lr: float = 1.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    adam_eps: float = 1e-8
+    estep: str = setting("em", "em (the plain E-step) or adam (FedConceptEM app. D.1)")
+    adam_lr: float = setting(1.0, "α, the Adam E-step's step size")
+    adam_beta1: float = setting(0.9, "β1, the decay of the first moment ν")
+    adam_beta2: float = setting(0.99, "β2, the decay of the second moment a")
+    adam_eps: float = setting(1e-8, "ε in the Adam E-step's denominator")
 
     def validate(self) -> None:
         super().validate()

@@ -23,14 +23,14 @@ import torch
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientStep, Memory, Upload, soft_tasks
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class AdaptiveKSettings(Settings):
-    prune_threshold: float | None = None  # adaptive K: remove models with mean γ < δ
-    prune_after: int = 0  # adaptive K: remove no model before this round (γ must settle)
-    merge_gap: float | None = None  # adaptive K: remove one of two interchangeable models
+    prune_threshold: float | None = setting(None, "δ: remove a model whose mean γ is below it")
+    prune_after: int = setting(0, "remove no model before this round (γ must settle)")
+    merge_gap: float | None = setting(None, "ε nats: remove one of two interchangeable models")
 
     def validate(self) -> None:
         super().validate()

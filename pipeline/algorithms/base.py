@@ -22,6 +22,9 @@ E-step, in one of two ways:
   without one (the fallback: losses and labels reach every place, a Flower server included):
   `assign(i, losses, labels)`        each sampled client, every place, in client order → γ
                                      (N_i, K); the base then sets ω_i = `client_omega(i, γ)`
+  (an algorithm, or a `Step`, with `wants_predictions` also gets `predictions=` in `assign`,
+  `assign_held_out`, `step.run` and `step.held_out`: each sample's arg-max class under each
+  model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
   `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings
   `fold(i, task, result)`            add one trained model to the running aggregates
                                      (`accumulate`); the loop drops the result right after
@@ -44,8 +47,10 @@ A method that creates models during a run (CFL's splits) reserves its rows up fr
 (`count_models`: a cap) and keeps which are in use; `self.head` gives the final layer's place in
 a flat model, for methods that share the body and cluster the head.
 
-State: what `state_dict` returns (ω, label tables, clusters, …) is the same on every place and
-goes into checkpoints; the round's aggregates live from `begin_round` to `aggregate` only. A
+State: what `state_dict` returns (ω, label tables, clusters, …; the base saves ω and the
+attributes named in `state_attributes`) is the same on every place and goes into checkpoints;
+the round's aggregates live from `begin_round` to `aggregate` only (attributes named `_…`). A
+checkpoint that leaves state out is one warning (`pipeline.algorithms.state`). A
 `fold` must only add to `contributions()` or write `shared_rows()`: per-client facts that other
 places need (FeSEM's new cluster of a client) travel as rows of a summed (clients,) tensor.
 Memory per round is K × model for the sums, plus whatever `shared_rows` keeps on disk.
@@ -89,6 +94,13 @@ class Algorithm(ABC):
     Step: ClassVar[type[ClientStep] | None] = None
     # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
     # falls back to them (`client_part`)
+    # True: `assign` and `assign_held_out` also get `predictions=` (N_i, K), the arg-max class
+    # of each sample under each model, beside the losses (e.g. to choose by accuracy); a
+    # client part's `Step` says so itself (`ClientStep.wants_predictions`)
+    wants_predictions: ClassVar[bool] = False
+    # attributes that the base's `state_dict` saves and `load_state_dict` restores, besides ω:
+    # a subclass keeping state of its own lists it here (or extends `state_dict`)
+    state_attributes: ClassVar[tuple[str, ...]] = ()
     STEP_VERBS: ClassVar[tuple[str, ...]] = (
         "assign", "client_omega", "assign_held_out", "local_tasks", "combine_logits",
     )  # fmt: skip
@@ -168,6 +180,13 @@ class Algorithm(ABC):
             return False  # (a verb replaced on the instance counts as overridden)
         return all(issubclass(owner, _owner(type(self), verb)) for verb in self.STEP_VERBS)
 
+    @property
+    def predicts(self) -> bool:
+        """Whether the E-step verbs get `predictions=`: `wants_predictions`, or with a client
+        part, its step's (`ClientStep.wants_predictions`)."""
+        client_wants = self.client_part and self.Step.wants_predictions
+        return self.wants_predictions or client_wants
+
     def client_step(self, client: int) -> ClientStep:
         """The state client `client` needs for its E-step, as a `Step`. It must not change the
         algorithm's state."""
@@ -179,43 +198,73 @@ class Algorithm(ABC):
         self.omega[client] = upload["omega"].to("cpu", torch.float64)
 
     def run_client_step(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+        self,
+        client: int,
+        losses: torch.Tensor,
+        labels: torch.Tensor,
+        predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The client part run here on given losses and labels, its upload received at once: γ.
         (The round loop runs the parts where the data lives; this is `assign` for them.)"""
-        outcome = self.client_step(client).run(losses, labels, self.memory.get(client))
+        step = self.client_step(client)
+        extra = _predictions(step.wants_predictions, predictions, type(step).__name__)
+        outcome = step.run(losses, labels, self.memory.get(client), **extra)
         if outcome.memory is not None:
             self.memory[client] = outcome.memory
         self.receive(client, outcome.upload)
         return outcome.gamma
 
     # --- E-step ---------------------------------------------------------------------------
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def assign(
+        self,
+        client: int,
+        losses: torch.Tensor,
+        labels: torch.Tensor,
+        predictions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """γ (N_i, K) for a sampled client from its per-sample losses under the K models
         (`combine_logits` applied); update any per-client statistics here. Call it through
-        `e_step`, which also sets ω_i. Default: the client part, run here."""
+        `e_step`, which also sets ω_i. With `wants_predictions`, also given `predictions`
+        (N_i, K): each sample's arg-max class under each model (a subclass without it may
+        leave the argument out). Default: the client part, run here."""
         if self.Step is None:
             raise NotImplementedError(f"{self.name} defines neither assign nor a client part")
-        return self.run_client_step(client, losses, labels)
+        return self.run_client_step(client, losses, labels, predictions)
 
     def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
         """ω_i after the E-step: the mean responsibility (1/N_i) Σ_j γ_{ij} (FedEM's update;
         one-hot for a hard assignment)."""
         return gamma.mean(0).to("cpu", torch.float64)
 
-    def e_step(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client."""
-        gamma = self.assign(client, losses, labels)
+    def e_step(
+        self,
+        client: int,
+        losses: torch.Tensor,
+        labels: torch.Tensor,
+        predictions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client.
+        `predictions` (`sample_predictions`) reach `assign` only where it wants them
+        (`predicts`)."""
+        extra = _predictions(self.predicts, predictions, self.name)
+        gamma = self.assign(client, losses, labels, **extra)
         self.omega[client] = self.client_omega(client, gamma)
         return gamma
 
     def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+        self,
+        client: int,
+        losses: torch.Tensor,
+        labels: torch.Tensor,
+        predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """A non-participating client's ω from its labelled part. Hard-clustering default
-        (protocol §2): the model with the lowest loss; with a client part, its `held_out`."""
+        """A non-participating client's ω from its labelled part (`predictions` as for
+        `assign`). Hard-clustering default (protocol §2): the model with the lowest loss; with
+        a client part, its `held_out`."""
         if self.Step is not None:
-            return self.client_step(client).held_out(losses, labels)
+            step = self.client_step(client)
+            extra = _predictions(step.wants_predictions, predictions, type(step).__name__)
+            return step.held_out(losses, labels, **extra)
         return lowest_loss(losses, self.num_models)
 
     def assign_unlabeled(
@@ -229,9 +278,16 @@ class Algorithm(ABC):
         entropy = -(logp.exp() * logp).sum(-1).mean(1)  # (K,)
         return one_hot(int(entropy.argmin()), self.num_models)
 
-    def held_out_step(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> None:
+    def held_out_step(
+        self,
+        client: int,
+        losses: torch.Tensor,
+        labels: torch.Tensor,
+        predictions: torch.Tensor | None = None,
+    ) -> None:
         """ω_i ← `assign_held_out`: what evaluation calls for a non-participating client."""
-        self.omega[client] = self.assign_held_out(client, losses, labels)
+        extra = _predictions(self.predicts, predictions, self.name)
+        self.omega[client] = self.assign_held_out(client, losses, labels, **extra)
 
     def receive_held_out(self, client: int, omega: torch.Tensor) -> None:
         """ω_i of a non-participating client, from its client part's `held_out`."""
@@ -300,7 +356,9 @@ class Algorithm(ABC):
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"omega": self.omega}
+        """ω and the attributes named in `state_attributes`; a checkpoint holds this."""
+        declared = {name: getattr(self, name) for name in self.state_attributes}
+        return {"omega": self.omega, **declared}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -320,6 +378,15 @@ class HardClustering(Algorithm):
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
         return hard_tasks(gamma, models)
+
+
+def _predictions(wanted: bool, predictions: torch.Tensor | None, who: str) -> dict[str, Any]:
+    """The optional `predictions=` argument of an E-step verb: only for those that want it."""
+    if not wanted:
+        return {}
+    if predictions is None:
+        raise ValueError(f"{who} wants per-sample predictions, and none were given")
+    return {"predictions": predictions}
 
 
 def _owner(cls: type, name: str) -> type:

@@ -28,14 +28,14 @@ import torch
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 LLOYD_ITERATIONS = 10
 
 
 @dataclass(frozen=True)
 class CAMSettings(Settings):
-    warmup_rounds: int = 30  # FedAvg rounds of the global model before clustering
+    warmup_rounds: int = setting(30, "FedAvg rounds of the global model before clustering")
 
     def validate(self) -> None:
         w = self.warmup_rounds
@@ -44,7 +44,7 @@ class CAMSettings(Settings):
 
 @dataclass(frozen=True)
 class FeSEMCAMSettings(CAMSettings):
-    mu: float = 0.01  # λ, the pull of the cluster copy towards its centre
+    mu: float = setting(0.01, "λ, the pull of the cluster copy towards its centre")
 
     def validate(self) -> None:
         super().validate()

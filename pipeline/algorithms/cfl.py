@@ -26,16 +26,16 @@ from scipy.spatial.distance import squareform
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 
 @dataclass(frozen=True)
 class CFLSettings(Settings):
     """Sattler et al.'s split thresholds (ε1 = 0.4, ε2 = 1.6) and the cap of "CFL(3)"."""
 
-    max_clusters: int | None = None  # cap on the number of clusters (None: --clusters)
-    cfl_eps1: float = 0.4  # split when ‖mean update‖ < ε1 ...
-    cfl_eps2: float = 1.6  # ... and max ‖update‖ > ε2
+    max_clusters: int | None = setting(None, "cap on the number of clusters (null: --clusters)")
+    cfl_eps1: float = setting(0.4, "ε1: a cluster splits when ‖mean update‖ < ε1 ...")
+    cfl_eps2: float = setting(1.6, "ε2: ... and max ‖update‖ > ε2")
 
     def validate(self) -> None:
         mc = self.max_clusters

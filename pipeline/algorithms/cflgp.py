@@ -51,7 +51,7 @@ from scipy.optimize import linear_sum_assignment
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 RESTARTS = 10  # k-means++ starts; the clustering with the least inertia is kept
 LLOYD_ITERATIONS = 300
@@ -62,10 +62,14 @@ GRAM_CHUNK = 1 << 16  # profile coordinates turned into float64 at a time for G�
 class CFLGPSettings(Settings):
     """The authors' defaults (main.py): P = 2, T = 10, and 1% of the coordinates when reduced."""
 
-    clustering_period: int = 2  # P: cluster in rounds t with t mod P = 0 ...
-    clustering_termination_threshold: int = 10  # ... and t < T; then the clusters are frozen
-    cycle_criterion: bool = True  # criterion model ⌊t/P⌋ mod K (paper); false: always model 0
-    profile_fraction: float = 0.01  # share of the coordinates kept in G (1.0: all)
+    clustering_period: int = setting(2, "P: cluster in rounds t with t mod P = 0 ...")
+    clustering_termination_threshold: int = setting(
+        10, "T: ... and t < T; then the clusters are frozen"
+    )
+    cycle_criterion: bool = setting(
+        True, "criterion model ⌊t/P⌋ mod K (the paper); false: always model 0"
+    )
+    profile_fraction: float = setting(0.01, "share of the coordinates kept in G (1.0: all)")
 
     def validate(self) -> None:
         p, t = self.clustering_period, self.clustering_termination_threshold

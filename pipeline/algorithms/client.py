@@ -20,6 +20,7 @@ and of evaluation, shared by every place.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,6 +44,10 @@ class ClientOutcome:
 class ClientStep:
     """The client part of one algorithm; a subclass's fields are the server state it needs."""
 
+    # True: `run` and `held_out` also get `predictions=`, the (N_i, K) arg-max class of each
+    # sample under each model (`sample_predictions`), e.g. to choose by accuracy
+    wants_predictions: ClassVar[bool] = False
+
     def run(
         self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None
     ) -> ClientOutcome:
@@ -54,6 +59,10 @@ class ClientStep:
         """A non-participating client's ω from its labelled part (protocol §2's default: the
         model with the lowest mean loss), the only thing it sends up."""
         return lowest_loss(losses, losses.shape[1])
+
+    def extra(self, logits: torch.Tensor) -> dict[str, Any]:
+        """The optional arguments of `run` and `held_out` from the logits (K, N_i, classes)."""
+        return {"predictions": sample_predictions(logits)} if self.wants_predictions else {}
 
     def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
         """The client's local trainings from its γ (FedEM's default: every model k with weights
@@ -102,6 +111,12 @@ def hard_tasks(gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
     """A hard assignment: the client trains its cluster's model alone, on all its samples."""
     k = int(gamma[0].argmax())
     return [LocalTask(k, models[k], gamma[:, k], weight=float(gamma.shape[0]))]
+
+
+def sample_predictions(logits: torch.Tensor) -> torch.Tensor:
+    """The arg-max class (N, K) of each sample under each model, from logits (K, N, classes):
+    `predictions == labels[:, None]` is each sample's correctness under each model."""
+    return logits.argmax(-1).T
 
 
 def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -39,26 +39,28 @@ from pipeline.algorithms.base import Algorithm
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask, Stage
 from pipeline.errors import FedrcError
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class FedCCFASettings(Settings):
     """The authors' defaults (configs/FedCCFA.yaml); `lr` and `local_epochs` do not apply."""
 
-    balanced_epochs: int = 5  # (b): 0 clusters the classifiers trained in (c) instead
-    balanced_lr: float = 0.1
-    balanced_per_class: int = 5  # at most this many samples of each class in (b)
-    clf_epochs: int = 1
-    clf_lr: float = 0.1
-    rep_epochs: int = 5
-    rep_lr: float = 0.01
-    gamma: float = 20.0  # λ_i = H(P_i(Y)) / γ; 0: λ_i = lam
-    lam: float = 0.0
-    temperature: float = 0.1  # τ of the contrastive alignment (penalize: CL)
-    align_after: int = 20  # rounds trained without the alignment term (the code's round >= 20)
-    eps: float = 0.1  # DBSCAN's radius on the MADD distances
-    min_samples: int = 1
+    balanced_epochs: int = setting(
+        5, "(b) epochs of the balanced classifier; 0 clusters those of (c) instead"
+    )
+    balanced_lr: float = setting(0.1, "(b) learning rate of the balanced classifier")
+    balanced_per_class: int = setting(5, "(b) at most this many samples of each class")
+    clf_epochs: int = setting(1, "(c) epochs of the personal classifier")
+    clf_lr: float = setting(0.1, "(c) learning rate of the personal classifier")
+    rep_epochs: int = setting(5, "(c) epochs of the feature extractor, classifier fixed")
+    rep_lr: float = setting(0.01, "(c) learning rate of the feature extractor")
+    gamma: float = setting(20.0, "γ: alignment weight λ_i = H(P_i(Y)) / γ; 0: λ_i = lam")
+    lam: float = setting(0.0, "λ_i for every client when gamma is 0")
+    temperature: float = setting(0.1, "τ of the contrastive alignment loss")
+    align_after: int = setting(20, "rounds trained without the alignment term")
+    eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
+    min_samples: int = setting(1, "DBSCAN's min_samples: the smallest group of classifiers")
 
     def validate(self) -> None:
         for key in ("balanced_epochs", "clf_epochs", "align_after"):

@@ -17,7 +17,10 @@ L_a(θ_b) the mean loss of model b on cluster a's data,
 
     D(a, b) = max(L_a(θ_b) − L_a(θ_a), L_b(θ_a) − L_b(θ_b), 0)
 
-complete linkage cut at δ′ groups the rows; each group folds into its first row,
+(`distance: data`, the authors' option 'B'). `distance: model` is their option 'A', the one
+their README's FedDrift setting uses: how much each model's loss rises from its own cluster's
+data to the other's, D(a, b) = max(L_b(θ_a) − L_a(θ_a), L_a(θ_b) − L_b(θ_b), 0). Complete
+linkage cut at δ′ groups the rows; each group folds into its first row,
 θ_a ← p θ_a + (1 − p) θ_b with p = n_a / (n_a + n_b), n the (client, step) chunks each model
 was trained on, and the freed row leaves the pool.
 
@@ -28,10 +31,12 @@ Where fedrc differs (protocol §10): the detector and D use the cross-entropy th
 not the accuracy of the authors' code (δ is in nats). fedrc keeps no past data, where the
 authors replay every past batch assigned to a cluster, in training and in scoring: a model
 trains on its members' data of the current step, and cluster a is scored on the current data of
-every client whose batches went to row a since its last detected drift. Each client scores the
-models in its first E-step of the step, and the merge comes at the end of the round by which
-every client seen so far has done so (the step's first round with full participation) or at the
-step's last round: after that round's training, where the authors merge before it.
+every client whose batches went to row a since its concept last changed (a detected drift, or a
+move to a model in use whose loss on its data is lower than its old model's by more than δ).
+Each client scores the models in its first E-step of the step, and the merge comes at the end
+of the round by which every client seen so far has done so (the step's first round with full
+participation) or at the step's last round: after that round's training, where the authors
+merge before it.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ from scipy.spatial.distance import squareform
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 INITS = ("single", "per-client")
+DISTANCES = ("data", "model")
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,9 @@ class FedDriftEagerSettings(Settings):
     """δ of the drift detector, in nats of mean cross-entropy (the authors' 0.06 is in accuracy:
     6 % of the samples turning from right to confidently wrong, ≈ 3 nats each, add ≈ 0.2)."""
 
-    delta: float = 0.2  # a client drifts when its best loss on new data rises by more than δ
+    delta: float = setting(
+        0.2, "δ: a client drifts when its best loss on new data rises by more than δ"
+    )
 
     def validate(self) -> None:
         require(positive(self.delta), "delta", "a number > 0 (nats)", self.delta)
@@ -68,9 +76,14 @@ class FedDriftSettings(FedDriftEagerSettings):
     example) or one per client ('per-client', the paper's: a row each while rows last, so
     --clusters ≥ the participating clients gives every client its own)."""
 
-    delta_merge: float | None = None  # δ′: merge clusters with D ≤ δ′ (null: δ)
-    window: int = 1  # W: a client that drifted is isolated on its new model for W steps
-    init: str = "single"  # single, or per-client
+    delta_merge: float | None = setting(None, "δ′: merge clusters with D ≤ δ′ (null: δ)")
+    # data: the rise of the loss on each cluster's data (the authors' 'B'); model: each model's
+    # rise from its own cluster's data to the other's (their 'A', their README's FedDrift)
+    distance: str = setting(
+        "data", "merge distance: data (the authors' B, on each cluster's data) or model (their A)"
+    )
+    window: int = setting(1, "W: a client that drifted is isolated on its new model for W steps")
+    init: str = setting("single", "the models at t = 0: single, or per-client")
 
     def validate(self) -> None:
         super().validate()
@@ -78,6 +91,7 @@ class FedDriftSettings(FedDriftEagerSettings):
         require(dm is None or dm >= 0, "delta_merge", "a number >= 0 (nats) or null", dm)
         require(self.window >= 1, "window", "an integer >= 1", self.window)
         require(self.init in INITS, "init", f"one of {INITS}", self.init)
+        require(self.distance in DISTANCES, "distance", f"one of {DISTANCES}", self.distance)
 
 
 def lowest(scores: torch.Tensor, allowed: torch.Tensor) -> int:
@@ -146,8 +160,13 @@ class FedDrift(HardClustering):
         if int(self.checked[client]) != self.step:  # the client's first E-step of this step
             self.checked[client] = self.step
             scores = losses.mean(0).to("cpu", torch.float64)  # s_k = L_i^t(θ_k)
+            before = int(self.cluster[client])
             row, drifted = self.check(client, scores)
-            if drifted or int(self.cluster[client]) < 0:
+            # a new concept: a detected drift, or a move to a model in use that fits the data by
+            # more than δ better than its old one (a recurring concept): its current data no
+            # longer stands for its batches in its earlier rows
+            moved = before >= 0 and float(scores[before] - scores[row]) > self.settings.delta
+            if drifted or before < 0 or moved:
                 self.lineage[client] = False
             self.lineage[client, row] = True
             self.cluster[client] = row
@@ -252,7 +271,9 @@ class FedDrift(HardClustering):
         if len(rows) < 2:
             return models
         loss = self.table[rows][:, rows] / self.mass[rows, None]  # loss[a, b] = L_a(θ_b)
-        gap = loss - loss.diagonal()[:, None]  # L_a(θ_b) − L_a(θ_a)
+        if self.settings.distance == "model":
+            loss = loss.T  # loss[a, b] = L_b(θ_a): model a on the other cluster's data
+        gap = loss - loss.diagonal()[:, None]  # L_a(θ_b) − L_a(θ_a) (model: L_b(θ_a) − L_a(θ_a))
         distance = torch.maximum(gap, gap.T).clamp(min=0).numpy()  # D(a, b)
         np.fill_diagonal(distance, 0.0)
         tree = linkage(squareform(distance, checks=False), method="complete")

@@ -13,14 +13,14 @@ import torch
 
 from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 
 @dataclass(frozen=True)
 class ProximalSettings(Settings):
     """The coefficient of a proximal term (λ/2)‖w − anchor‖² in the local loss."""
 
-    mu: float = 0.01
+    mu: float = setting(0.01, "μ, the weight of the proximal term (μ/2)‖w − anchor‖²")
 
     def validate(self) -> None:
         require(positive(self.mu), "mu", "a number > 0", self.mu)

@@ -29,7 +29,7 @@ from pipeline.algorithms.fedem import FedEM, FedEMStep
 from pipeline.algorithms.hard_train import HardTrainSettings, HardTrainStep
 from pipeline.algorithms.shared_body import SharedBody, SharedBodySettings
 from pipeline.algorithms.table_noise import TableNoise, TableNoiseSettings
-from pipeline.settings import require
+from pipeline.settings import require, setting
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class FedRCSettings(
 ):
     """FedRC's options; defaults are the paper's (Adam's from FedConceptEM app. D.1)."""
 
-    label_floor: float = 1e-8  # floor on the summed label tables before normalising
-    heldout_label_prior: bool = True  # apply C_{y,k} in held-out E-steps (paper eq. 3)
+    label_floor: float = setting(1e-8, "floor on the summed label tables before normalising")
+    heldout_label_prior: bool = setting(True, "apply C_{y,k} in held-out E-steps (paper eq. 3)")
 
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "reference": {"heldout_label_prior": False, "adam_beta1": 0.5, "adam_beta2": 0.5}

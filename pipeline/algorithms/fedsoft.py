@@ -24,13 +24,14 @@ from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.fedprox import ProximalSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask
+from pipeline.settings import setting
 
 FLOOR = 1e-4
 
 
 @dataclass(frozen=True)
 class FedSoftSettings(ProximalSettings):
-    mu: float = 0.1
+    mu: float = setting(0.1, "λ, the pull of the personal model towards Σ_k u_ik θ_k")
 
 
 class FedSoft(Algorithm):

@@ -52,7 +52,7 @@ from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.errors import FedrcError
 from pipeline.models import build_model
-from pipeline.settings import Settings, positive, require
+from pipeline.settings import Settings, positive, require, setting
 
 WARMUP, CLUSTER, CLUSTERED, RECLUSTER = 0, 1, 2, 3  # `phase`
 POINTS, SEED, MARGIN = 200, 1, 1.02  # the projection's sample, its seed, the bound's margin
@@ -62,9 +62,9 @@ POINTS, SEED, MARGIN = 200, 1, 1.02  # the projection's sample, its seed, the bo
 class FLUXSettings(Settings):
     """The authors' defaults (public/config.py): th_round 0.06, eps_scaling 1.0."""
 
-    th_round: float = 0.06  # cluster once a warm-up accuracy gain is below this ...
-    eps_scaling: float = 1.0  # DBSCAN's eps = knee of the 1-NN distances × this
-    cluster_round: int | None = None  # ... or at this round (null: the accuracy trigger)
+    th_round: float = setting(0.06, "cluster once a warm-up accuracy gain is below this ...")
+    eps_scaling: float = setting(1.0, "DBSCAN's eps = knee of the 1-NN distances × this")
+    cluster_round: int | None = setting(None, "... or at this round (null: the accuracy trigger)")
 
     def validate(self) -> None:
         th = self.th_round

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum', 'minimum'
 ANGLES = ("elementwise", "principal")
@@ -49,10 +49,14 @@ class PACFLSettings(Settings):
     β is tuned per dataset (theirs: 3.5 by default, 4.9 for CIFAR-10, 9.88 CIFAR-100, 42 MIX-4);
     20° is fedrc's, for its FMNIST benchmark (docs/protocol.md §8)."""
 
-    n_basis: int = 5  # p, left singular vectors per class
-    cluster_alpha: float = 20.0  # β: merge while the closest clusters are ≤ β degrees apart
-    linkage: str = "average"  # average | complete | single
-    angle: str = "elementwise"  # elementwise (the authors' code) | principal
+    n_basis: int = setting(5, "p, left singular vectors per class")
+    cluster_alpha: float = setting(
+        20.0, "β: merge while the closest clusters are ≤ β degrees apart"
+    )
+    linkage: str = setting("average", "hierarchical clustering: average, complete or single")
+    angle: str = setting(
+        "elementwise", "subspace angle: elementwise (the authors' code) or principal"
+    )
 
     def validate(self) -> None:
         require(self.n_basis >= 1, "n_basis", "an integer >= 1", self.n_basis)

@@ -14,12 +14,12 @@ import torch
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings
+from pipeline.settings import Settings, setting
 
 
 @dataclass(frozen=True)
 class SharedBodySettings(Settings):
-    shared_body: bool = False  # one feature extractor shared by the K models, K heads
+    shared_body: bool = setting(False, "one feature extractor shared by the K models, K heads")
 
 
 class SharedBody(Algorithm):
@@ -35,25 +35,25 @@ class SharedBody(Algorithm):
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
         if self.settings.shared_body:
-            self.body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
-            self.body_mass = torch.zeros(1, dtype=torch.float64, device=models.device)
+            self._body_sum = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
+            self._body_mass = torch.zeros(1, dtype=torch.float64, device=models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         super().fold(client, task, result)
         if self.settings.shared_body:
             mass = float(task.weights.sum())
-            self.body_sum.add_(result.params, alpha=mass)
-            self.body_mass += mass
+            self._body_sum.add_(result.params, alpha=mass)
+            self._body_mass += mass
 
     def contributions(self) -> list[torch.Tensor]:
-        extra = [self.body_sum, self.body_mass] if self.settings.shared_body else []
+        extra = [self._body_sum, self._body_mass] if self.settings.shared_body else []
         return [*super().contributions(), *extra]
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)
-        if self.settings.shared_body and float(self.body_mass) > 0:
+        if self.settings.shared_body and float(self._body_mass) > 0:
             start, stop = self.head
-            body = (self.body_sum / float(self.body_mass)).to(models.dtype)
+            body = (self._body_sum / float(self._body_mass)).to(models.dtype)
             head = new[:, start:stop].clone()
             new[:] = body
             new[:, start:stop] = head

@@ -47,7 +47,7 @@ import torch
 from pipeline.algorithms.base import Algorithm, lowest_loss, one_hot
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,10 @@ class StoCFLSettings(Settings):
     """The authors' argparse defaults; their README runs use τ = 0.2 (clustering only, 4
     groups) and τ = 0.65 with μ = 0.05 (rotated CIFAR-10)."""
 
-    tau: float = 0.3  # unite two sampled clusters while cos(d_a, d_b) ≥ τ
-    mu: float = 0.05  # pull (μ/2)‖w − θ_g‖² of a cluster model towards the global one
+    tau: float = setting(0.3, "τ: unite two sampled clusters while cos(d_a, d_b) ≥ τ")
+    mu: float = setting(
+        0.05, "μ, the pull (μ/2)‖w − θ_g‖² of a cluster model towards the global one"
+    )
 
     def validate(self) -> None:
         require(-1 <= self.tau <= 1, "tau", "a number in [-1, 1] (a cosine)", self.tau)

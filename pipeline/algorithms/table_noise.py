@@ -11,12 +11,12 @@ import torch
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import Upload
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class TableNoiseSettings(Settings):
-    table_noise: float = 0.0  # std ξ of Gaussian noise on the uploaded label tables
+    table_noise: float = setting(0.0, "ξ, the std of Gaussian noise on the label tables")
 
     def validate(self) -> None:
         super().validate()

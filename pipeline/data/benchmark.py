@@ -31,7 +31,7 @@ from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
-from pipeline.data.records import ClientRecord, Manifest, MixGroup, content_hash, write_manifest
+from pipeline.data.records import ClientRecord, Manifest, MixGroup, write_manifest
 from pipeline.data.sampling import balanced_subset, train_test_split
 from pipeline.data.shards import ClientData, write_shards
 from pipeline.errors import FedrcError
@@ -250,9 +250,9 @@ def benchmark_manifest(
         num_participating=config.clients,
         clients=clients,
         files=files,
-        content_hash=content_hash(files),
+        content_hash="",
         time_steps=config.steps,
-    )
+    ).sealed()
 
 
 def write_benchmark(config: PartitionConfig, raw: RawDataset) -> Manifest:

@@ -2,8 +2,13 @@
 
 The manifest (format 2) says how the shards were made (`config`, `seed`, `versions`), what they
 hold (dataset, image shape, classes, concepts, one `ClientRecord` per client) and each shard's
-SHA-256 (`files`) with `content_hash`, the SHA-256 over the sorted per-shard hashes: equal
-content hashes mean byte-identical shards. Every JSON key is spelled out in `to_json` and
+SHA-256 (`files`) with `content_hash`. Since `content_hash_covers` exists the content hash is
+the SHA-256 of the shard hashes (by file name) together with every record that says what the
+data means (`COVERED`: classes, image shape, concepts, each client's sizes, splits and
+histograms…), so an edited `num_classes` or a client's swapped split sizes are refused; a
+manifest without that key was written before it and its hash covers the sorted shard hashes
+only (it is still read, and the shards are checked against its records when they are loaded).
+Equal content hashes mean byte-identical shards. Every JSON key is spelled out in `to_json` and
 `from_json`, so the file format is visible here; the bytes written are those fedrc wrote before
 the records existed, so older format-2 manifests load unchanged.
 """
@@ -37,11 +42,33 @@ MANIFEST_KEYS = (
     "files",
     "content_hash",
 )
+# What the content hash covers besides the shard hashes: every key that changes what the data
+# means. How it was made (config, seed, source, versions, client_mix) is left out: two machines
+# that build the same shards get the same hash.
+COVERED = (
+    "dataset",
+    "image_shape",
+    "num_classes",
+    "concepts",
+    "num_participating",
+    "time_steps",
+    "clients",
+)
 
 
-def content_hash(files: dict[str, str]) -> str:
-    """SHA-256 over the sorted per-shard SHA-256 values, one per line."""
-    return hashlib.sha256("\n".join(sorted(files.values())).encode()).hexdigest()
+def content_hash(files: dict[str, str], records: dict[str, Any] | None = None) -> str:
+    """Without `records` (manifests from before `content_hash_covers`): SHA-256 over the sorted
+    per-shard SHA-256 values, one per line. With them (the `COVERED` keys of the manifest's
+    JSON): SHA-256 of the canonical JSON of the shard hashes by file name and those records."""
+    if records is None:
+        return hashlib.sha256("\n".join(sorted(files.values())).encode()).hexdigest()
+    canonical = json.dumps({**records, "files": files}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def covered_records(data: dict[str, Any]) -> dict[str, Any]:
+    """The `COVERED` keys of a manifest's JSON (`time_steps` is 1 when the file omits it)."""
+    return {key: data.get(key, 1) if key == "time_steps" else data[key] for key in COVERED}
 
 
 def _is_int(value: Any) -> bool:
@@ -270,6 +297,18 @@ class Manifest:
     content_hash: str
     format_version: int = FORMAT_VERSION
     time_steps: int = 1  # T; written only when > 1 (a drifting benchmark)
+    covers: tuple[str, ...] = ()  # what content_hash covers beyond the shards (COVERED; () before)
+
+    def sealed(self) -> Manifest:
+        """This manifest with a content hash over its shards and its `COVERED` records."""
+        hashed = content_hash(self.files, covered_records(self.to_json()))
+        return dataclasses.replace(self, covers=COVERED, content_hash=hashed)
+
+    def expected_hash(self) -> str:
+        """The content hash its shard hashes and records give, by the rule it was written with."""
+        if not self.covers:
+            return content_hash(self.files)
+        return content_hash(self.files, covered_records(self.to_json()))
 
     @property
     def schedule(self) -> list[list[int]]:
@@ -313,6 +352,7 @@ class Manifest:
             "files": self.files,
             "content_hash": self.content_hash,
             **({"time_steps": self.time_steps} if self.time_steps > 1 else {}),
+            **({"content_hash_covers": list(self.covers)} if self.covers else {}),
         }
 
     @classmethod
@@ -355,6 +395,7 @@ class Manifest:
             content_hash=fields.string("content_hash"),
             format_version=version,
             time_steps=fields.count("time_steps") if "time_steps" in data else 1,
+            covers=_covers(fields, path) if "content_hash_covers" in data else (),
         )
         manifest._check(path)
         return manifest
@@ -370,9 +411,33 @@ class Manifest:
                     f"{path}: clients[{i}].concept: expected an index into concepts "
                     f"(0..{len(self.concepts) - 1}), got {client.concept}"
                 )
+        if self.num_participating != len(self.participating):
+            raise FedrcError(
+                f"{path}: num_participating is {self.num_participating}, but "
+                f"{len(self.participating)} clients are marked participating"
+            )
         self._check_steps(path)
-        if content_hash(self.files) != self.content_hash:
-            raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
+        self._check_histograms(path)
+        if self.expected_hash() != self.content_hash:
+            if not self.covers:
+                raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
+            raise FedrcError(
+                f"{path}: content_hash does not match the shard hashes and records it covers "
+                "(num_classes, clients, …): the manifest was edited; partition again"
+            )
+
+    def _check_histograms(self, path: Path) -> None:
+        """Every label histogram has one count per class: num_classes agrees with them."""
+        for i, client in enumerate(self.clients):
+            named = [(f"clients[{i}]", client)]
+            named += [(f"clients[{i}].steps[{t}]", s) for t, s in enumerate(client.steps)]
+            for name, record in named:
+                for key in ("label_histogram", "true_label_histogram"):
+                    if len(getattr(record, key)) != self.num_classes:
+                        raise FedrcError(
+                            f"{path}: {name}.{key}: expected {self.num_classes} counts "
+                            f"(num_classes), got {len(getattr(record, key))}"
+                        )
 
     def _check_steps(self, path: Path) -> None:
         """A participating client of a drifting benchmark has a record per step that adds up
@@ -400,6 +465,18 @@ class Manifest:
                         f"{path}: clients[{i}].steps[{t}].concept: expected an index into "
                         f"concepts, got {step.concept}"
                     )
+
+
+def _covers(fields: _Fields, path: Path) -> tuple[str, ...]:
+    """`content_hash_covers`: this fedrc checks exactly `COVERED`; another list is another
+    fedrc's rule, which it cannot check."""
+    covers = fields.strings("content_hash_covers")
+    if covers != COVERED:
+        raise FedrcError(
+            f"{path}: content_hash_covers lists {list(covers)}, this fedrc knows "
+            f"{list(COVERED)} (written by another fedrc?); partition again"
+        )
+    return covers
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

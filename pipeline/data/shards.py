@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.data.records import ClientRecord, Manifest, StepRecord, read_manifest
+from pipeline.data.shard_checks import check_rows, checked_labels
 from pipeline.errors import FedrcError
 from pipeline.io import read_parquet
 
@@ -331,6 +332,7 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         raw = raw[column.offset * image_bytes : (column.offset + len(column)) * image_bytes]
         images.append(raw.reshape(-1, *shape))
         labels.append(checked_labels(path, table, manifest.num_classes))
+        check_rows(path, table, entry, labels[-1], manifest.num_classes)
         spans.append(_row_spans(entry, offset, steps))
         offset += expected
     pixels = np.concatenate(images) if images else np.zeros((0, *shape), np.uint8)
@@ -348,18 +350,6 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         None if clients is None else sorted(clients),
     )
     return over_steps(data, spans)
-
-
-def checked_labels(path: Path, table: pa.Table, num_classes: int) -> np.ndarray:
-    """The shard's labels, refused unless each is a class of the benchmark, [0, classes)."""
-    labels = table.column("label").to_numpy().astype(np.int64)
-    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
-    if len(bad):
-        raise FedrcError(
-            f"{path}: label {labels[bad[0]]} in row {bad[0]} ({len(bad)} such rows) is outside "
-            f"[0, {num_classes}), the benchmark's classes; partition again"
-        )
-    return labels
 
 
 def check_shard_hash(path: Path, manifest: Manifest) -> None:

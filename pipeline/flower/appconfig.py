@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.algorithms import ALGORITHMS
 from pipeline.config import TrainConfig, config_dict
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_file
-from pipeline.resolve import from_values
 
 ON_NODE_LOSS = ("continue", "stop")
 
@@ -40,6 +38,8 @@ class Deployment:
 
 def check_config(config: TrainConfig) -> None:
     """What `fedrc train` allows but a deployment cannot do."""
+    from pipeline.algorithms import ALGORITHMS  # torch, which `fedrc flower app --help` skips
+
     if config.persistent_momentum:
         raise FedrcError(
             "persistent_momentum: not available on Flower (each client's momentum would have "
@@ -83,6 +83,8 @@ def run_settings(values: Mapping[str, Any]) -> tuple[Deployment, bool, bool]:
 
 
 def train_config_from_json(text: str) -> TrainConfig:
+    from pipeline.resolve import from_values  # torch, which `fedrc flower app --help` skips
+
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:

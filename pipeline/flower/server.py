@@ -114,6 +114,7 @@ class Nodes:
                 self.greet(sorted(new))
             missing = everyone - set(self.holder)
             if not missing:
+                log.info("fedrc: %s", self.held_out_line())
                 return
             if time.monotonic() > deadline:
                 raise FedrcError(
@@ -122,6 +123,15 @@ class Nodes:
                     f"({len(self.connected())} node(s) connected)"
                 )
             time.sleep(0.5)
+
+    def held_out_line(self) -> str:
+        """Where the held-out clients are, whose accuracy is the global accuracy: with
+        explicit `fedrc-clients`, some node must list them, and this says which one does."""
+        where: dict[int, list[int]] = defaultdict(list)
+        for client in self.manifest.held_out:
+            where[self.holder[client]].append(client)
+        nodes = (f"{', '.join(map(str, c))} on node {n}" for n, c in sorted(where.items()))
+        return f"held-out clients (global accuracy): {'; '.join(nodes)}"
 
     def refresh(self) -> None:
         """Forget nodes that left; greet nodes that (re)joined. A newcomer that cannot say what

@@ -14,7 +14,7 @@ from pipeline.errors import FedrcError
 from pipeline.models.cnn import FmnistCNN
 from pipeline.models.mlp import MLPSettings, build_mlp
 from pipeline.plugins import Registry
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 NORMS = ("batch", "group")
 
@@ -34,8 +34,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TorchvisionSettings(Settings):
-    pretrained: bool = False  # torchvision's ImageNet weights
-    norm: str = "batch"  # batch, or group: GroupNorm in place of BatchNorm
+    pretrained: bool = setting(False, "start from torchvision's ImageNet weights")
+    norm: str = setting("batch", "batch, or group: GroupNorm in place of BatchNorm")
 
     def validate(self) -> None:
         require(self.norm in NORMS, "norm", f"one of {NORMS}", self.norm)

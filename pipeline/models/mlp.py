@@ -11,13 +11,15 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class MLPSettings(Settings):
-    hidden: int | None = None  # width of each hidden layer; none: 2 × the input size (FedDrift)
-    layers: int = 1  # hidden layers
+    hidden: int | None = setting(
+        None, "width of each hidden layer; null: 2 × the input size (FedDrift)"
+    )
+    layers: int = setting(1, "number of hidden layers")
 
     def validate(self) -> None:
         ok = self.hidden is None or self.hidden >= 1

@@ -3,6 +3,7 @@ numbers as `fedrc train` for every kind of algorithm, nodes lost, nodes refused.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import defaultdict
@@ -322,6 +323,16 @@ def test_a_client_two_nodes_hold_goes_to_the_later_with_a_warning(
     registry.connect()
     assert registry.clients_of(104) == [0, 3, 6, 9, 12] and registry.clients_of(101) == []
     assert "client 0: node 104 takes over from node 101" in caplog.text
+
+
+def test_the_server_says_which_node_holds_the_held_out_clients(
+    tiny_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="fedrc")
+    config = flower_config(tiny_data, "fedavg", tmp_path / "run")
+    Nodes(grid_for(tiny_data, config), read_manifest(tiny_data), FAST).connect()
+    line = "held-out clients (global accuracy): 12 on node 101; 13 on node 102; 14 on node 103"
+    assert [r.getMessage() for r in caplog.records].count(f"fedrc: {line}") == 1
 
 
 def test_flower_server_refuses_flux_in_one_line(tiny_data: Path, tmp_path: Path) -> None:

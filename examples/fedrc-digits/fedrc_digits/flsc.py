@@ -15,12 +15,12 @@ import torch
 
 from pipeline.algorithms import Algorithm
 from pipeline.engine import LocalTask
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class FLSCSettings(Settings):
-    n: int = 2  # clusters each client joins (the paper's n; 1 is IFCA)
+    n: int = setting(2, "clusters each client joins (the paper's n; 1 is IFCA)")
 
     def validate(self) -> None:
         require(self.n >= 1, "n", "an integer >= 1", self.n)

@@ -10,12 +10,12 @@ from typing import Any
 from torch import nn
 
 from pipeline.models import ModelSpec
-from pipeline.settings import Settings, require
+from pipeline.settings import Settings, require, setting
 
 
 @dataclass(frozen=True)
 class MLPSettings(Settings):
-    hidden: int = 128  # width of the hidden layer
+    hidden: int = setting(128, "width of the hidden layer")
 
     def validate(self) -> None:
         require(self.hidden >= 1, "hidden", "an integer >= 1", self.hidden)

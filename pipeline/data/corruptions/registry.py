@@ -1,11 +1,5 @@
-"""Which corruptions exist, for which images, and `corrupt`, the one entry point.
-
-Two suites share some names with different published parameters (shot_noise, impulse_noise,
-brightness, motion_blur, glass_blur, spatter): the suite is chosen by the images' channel count,
-1 → grey (MNIST-C), 3 → colour (CIFAR-10-C). A dataset's channel count is known from its name.
-`identity` (clean images, in the FedRC scripts' FMNIST list) is accepted with either suite but
-is not part of a suite, so it is never drawn by default.
-"""
+"""The corruption functions of each suite and `corrupt`, the one entry point (the names alone,
+without torch: `names`)."""
 
 from __future__ import annotations
 
@@ -15,104 +9,22 @@ import numpy as np
 import torch
 
 from pipeline.data.corruptions import colour, grey
+from pipeline.data.corruptions.names import (
+    COLOUR_NAMES,
+    GREY_NAMES,
+    IDENTITY,
+    check_style,
+)
 
 # float images (N, C, H, W) in [0, 1], severity 1..5, the generator → images of the same shape
 Corruption = Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]
 
-GREY_SUITE: dict[str, Corruption] = {
-    "shot_noise": grey.shot_noise,
-    "impulse_noise": grey.impulse_noise,
-    "glass_blur": grey.glass_blur,
-    "motion_blur": grey.motion_blur,
-    "shear": grey.shear,
-    "scale": grey.scale,
-    "rotate": grey.rotate,
-    "brightness": grey.brightness,
-    "translate": grey.translate,
-    "stripe": grey.stripe,
-    "spatter": grey.spatter,
-    "dotted_line": grey.dotted_line,
-    "zigzag": grey.zigzag,
-    "canny_edges": grey.canny_edges,
-}
-
-COLOUR_SUITE: dict[str, Corruption] = {
-    "gaussian_noise": colour.gaussian_noise,
-    "shot_noise": colour.shot_noise,
-    "impulse_noise": colour.impulse_noise,
-    "speckle_noise": colour.speckle_noise,
-    "gaussian_blur": colour.gaussian_blur,
-    "glass_blur": colour.glass_blur,
-    "defocus_blur": colour.defocus_blur,
-    "motion_blur": colour.motion_blur,
-    "zoom_blur": colour.zoom_blur,
-    "snow": colour.snow,
-    "frost": colour.frost,
-    "fog": colour.fog,
-    "brightness": colour.brightness,
-    "contrast": colour.contrast,
-    "saturate": colour.saturate,
-    "elastic_transform": colour.elastic_transform,
-    "pixelate": colour.pixelate,
-    "jpeg_compression": colour.jpeg_compression,
-    "spatter": colour.spatter,
-}
-
-IDENTITY = "identity"
+GREY_SUITE: dict[str, Corruption] = {name: getattr(grey, name) for name in GREY_NAMES}
+COLOUR_SUITE: dict[str, Corruption] = {name: getattr(colour, name) for name in COLOUR_NAMES}
 SUITES: dict[int, tuple[str, dict[str, Corruption]]] = {
     1: ("grey", GREY_SUITE),
     3: ("colour", COLOUR_SUITE),
 }
-CORRUPTIONS: tuple[str, ...] = tuple(sorted({*GREY_SUITE, *COLOUR_SUITE, IDENTITY}))
-# corruptions whose output depends only on the image (the seed changes nothing)
-DETERMINISTIC = frozenset(
-    {
-        ("grey", "brightness"),
-        ("grey", "scale"),
-        ("grey", "stripe"),
-        ("grey", "canny_edges"),
-        ("colour", "gaussian_blur"),
-        ("colour", "defocus_blur"),
-        ("colour", "zoom_blur"),
-        ("colour", "brightness"),
-        ("colour", "contrast"),
-        ("colour", "saturate"),
-        ("colour", "pixelate"),
-        ("colour", "jpeg_compression"),
-    }
-)
-
-
-def _suite(channels: int) -> tuple[str, dict[str, Corruption]]:
-    if channels not in SUITES:
-        raise ValueError(f"corruptions need 1 (grey) or 3 (colour) channels, got {channels}")
-    return SUITES[channels]
-
-
-def suite_name(channels: int) -> str:
-    return _suite(channels)[0]
-
-
-def suite_for(channels: int) -> tuple[str, ...]:
-    """The default styles for images with this many channels: the whole suite, sorted."""
-    return tuple(sorted(_suite(channels)[1]))
-
-
-def accepted(channels: int) -> tuple[str, ...]:
-    """Every name `corrupt` takes for such images: the suite and `identity`."""
-    return (*suite_for(channels), IDENTITY)
-
-
-def check_style(name: str, channels: int) -> None:
-    """Raise ValueError, naming the corruption and the suite, unless `name` fits the images."""
-    label, suite = _suite(channels)
-    if name == IDENTITY or name in suite:
-        return
-    others = [other for c, (other, s) in SUITES.items() if c != channels and name in s]
-    where = f"; it is in the {others[0]} suite" if others else ""
-    raise ValueError(
-        f"corruption {name!r} is not in the {label} suite ({channels}-channel images){where}"
-    )
 
 
 def corrupt(images: np.ndarray, name: str, severity: int, seed: int) -> np.ndarray:
@@ -130,7 +42,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int) -> np.ndarr
     check_style(name, images.shape[-1])
     if name == IDENTITY or len(images) == 0:
         return images.copy()
-    function = _suite(images.shape[-1])[1][name]
+    function = SUITES[images.shape[-1]][1][name]  # check_style vouched for the channels
     gen = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(images.astype(np.float32)).permute(0, 3, 1, 2) / 255
     with torch.no_grad():

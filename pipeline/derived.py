@@ -1,0 +1,117 @@
+"""What `fedrc eval` and `fedrc plot` derive from a run, and what each was made from.
+
+runs/<name>/
+  eval.json, eval_clients.json  fedrc eval; eval.json's `made_from` names the model it
+                                scored (`model_digest`), its round and the benchmark's hash
+  plots/                        fedrc plot; plots/made_from.json names the same for the figures
+
+A derived output belongs to the run it was made from: `fedrc train --overwrite` removes them,
+a `--resume` that trains more rounds removes them, and `fedrc report` refuses an eval.json whose
+`made_from` no longer matches its run's model.pt and metrics.jsonl (`check_made_from`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline import run_files as rf
+from pipeline.errors import FedrcError
+
+EVAL = "eval.json"
+EVAL_CLIENTS = "eval_clients.json"
+PLOTS = "plots"
+DERIVED = (EVAL, EVAL_CLIENTS, PLOTS)
+CONTAINER_KEYS = ("format", "checksum")  # how model.pt was written, not what it holds
+
+
+def derived_outputs(out: Path) -> list[Path]:
+    """The files and folders eval and plot wrote into the run folder `out`."""
+    return [out / name for name in DERIVED]
+
+
+def remove_derived(out: Path) -> None:
+    for path in derived_outputs(out):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 of what a model.pt holds (tensors by dtype, shape and bytes; numbers, strings
+    and nesting), without the container's own keys: the same model written again, sealed or
+    not, has the same digest."""
+    hashed = hashlib.sha256()
+    _feed(hashed, {k: v for k, v in state.items() if k not in CONTAINER_KEYS})
+    return hashed.hexdigest()
+
+
+def _feed(hashed: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        hashed.update(f"tensor {value.dtype} {tuple(value.shape)}:".encode())
+        hashed.update(flat.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        hashed.update(b"{")
+        for key in sorted(value, key=str):
+            _feed(hashed, str(key))
+            _feed(hashed, value[key])
+        hashed.update(b"}")
+    elif isinstance(value, list | tuple):
+        hashed.update(b"[")
+        for item in value:
+            _feed(hashed, item)
+        hashed.update(b"]")
+    else:
+        hashed.update(f"{type(value).__name__} {value!r};".encode())
+
+
+def model_digest(run: Path) -> str | None:
+    """`state_digest` of the run's model.pt (read and checked as eval reads it), None when
+    training has not finished."""
+    path = run / rf.MODEL
+    return state_digest(rf.load_state(path)) if path.is_file() else None
+
+
+def made_from(model: str | None, round_: int, data_digest: str) -> dict[str, Any]:
+    """The run's identity as a derived output records it: the model's digest (None before
+    training finished), the last round it was made at, the benchmark's content hash."""
+    return {"model_digest": model, "round": round_, "data_digest": data_digest}
+
+
+def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_round: int) -> str:
+    """An eval.json's `made_from` against the run as it is now (model.pt, the last round of
+    metrics.jsonl: the run went on after eval, config.json's benchmark hash); returns model.pt's
+    digest. A FedrcError
+    naming eval.json and telling the user to evaluate again when it no longer matches."""
+    path, again = run / EVAL, f"run `fedrc eval --run {run}` again"
+    recorded = result.get("made_from")
+    keys = ("model_digest", "round", "data_digest")
+    if not isinstance(recorded, dict) or any(k not in recorded for k in keys):
+        raise FedrcError(
+            f"{path}: does not record the model.pt it scored (written by an older fedrc); {again}"
+        )
+    now = model_digest(run)
+    if now is None:
+        raise FedrcError(f"{path}: scored {run / rf.MODEL}, which is gone; {again} after training")
+    if recorded["model_digest"] != now:
+        raise FedrcError(
+            f"{path}: scored another model (digest {str(recorded['model_digest'])[:12]}…, "
+            f"round {recorded['round']}) than the run's model.pt now ({now[:12]}…); {again}"
+        )
+    if not isinstance(recorded["round"], int) or recorded["round"] < last_round:
+        raise FedrcError(
+            f"{path}: made at round {recorded['round']}, but {run / rf.METRICS} runs to round "
+            f"{last_round}; {again} once the run has finished"
+        )
+    if recorded["data_digest"] != data_digest:
+        raise FedrcError(
+            f"{path}: made on another benchmark than {run / rf.CONFIG} names (the content "
+            f"hashes differ); {again}"
+        )
+    return now

@@ -1,0 +1,83 @@
+"""The CLI answers without torch: building the Typer app, `--help`, `--version`, describing a
+benchmark's folder and refusing a bad option never import it (torch takes seconds to import;
+benchmarks/cli_latency.py measures the time, these tests pin the cause without timing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "torchvision", "scipy", "matplotlib")
+
+
+def imported(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run `python -X importtime -m fedrc_cli ARGS`: the result and every module it imported."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fedrc_cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return done, modules
+
+
+def test_the_app_and_the_configuration_import_no_torch() -> None:
+    code = (
+        "import sys, fedrc_cli.app, pipeline.config, pipeline.flower.appconfig; "
+        f"print(*(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["train", "--help"],
+        ["partition", "--help"],
+        ["flower", "app", "--help"],
+        ["check", "--help"],
+    ],
+)
+def test_help_and_version_import_no_torch(args: list[str], tmp_path: Path) -> None:
+    done, modules = imported(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "typer" in modules  # the listing is real: the CLI's own imports are in it
+    assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
+def test_describing_a_benchmark_imports_no_torch(tiny_data: Path, tmp_path: Path) -> None:
+    done, modules = imported("info", str(tiny_data), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["participating"] == 12
+    assert "torch" not in modules
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["partition", "--clients", "1"], "partition.clients"),
+        (["eval", "--params", "missing.yaml"], "--params"),
+        (["train", "--rounds", "many"], "--rounds"),
+    ],
+)
+def test_a_bad_option_is_refused_without_torch(args: list[str], option: str, tmp_path: Path):
+    done, modules = imported(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert option in done.stderr
+    assert "torch" not in modules
+    assert list(tmp_path.iterdir()) == []  # nothing written
