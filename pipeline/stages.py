@@ -159,6 +159,11 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
 def _evaluate(config: EvalConfig) -> dict[str, Any]:
     run = Path(config.run)
     train_config = run_config(run)
+    if not (run / rf.MODEL).exists() and (run / rf.CHECKPOINT).is_file():
+        raise FedrcError(
+            f"{run / rf.MODEL}: not there yet: the run stopped at a checkpoint and has not "
+            "finished; finish it with `fedrc train --resume`, then evaluate"
+        )
     final = rf.load_state(run / rf.MODEL)
     recorded = recorded_identity(rf.state_identity(run / rf.MODEL, final), f"{run / rf.MODEL}")
     data = load_federated(Path(train_config.data))

@@ -914,15 +914,20 @@ def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:
 
 
 def test_non_finite_evaluation_names_the_round(here: Path, monkeypatch) -> None:
+    import pipeline.clients as clients
     import pipeline.training as training
 
-    real = training.evaluate_round
+    real, real_raw = training.evaluate_round, clients.all_logits
 
     def nan_logits(*args):
         scores, logits = real(*args)
         return scores, torch.full_like(logits, float("nan"))
 
+    def nan_raw(*args):  # an algorithm with a client part scores where its data is
+        return torch.full_like(real_raw(*args), float("nan"))
+
     monkeypatch.setattr(training, "evaluate_round", nan_logits)
+    monkeypatch.setattr(clients, "all_logits", nan_raw)
     line = assert_one_line(invoke("train", *RUN_R, "--rounds", "2", "--out", "x"), code=2)
     assert "round 1: evaluation: non-finite logits" in line
     monkeypatch.undo()

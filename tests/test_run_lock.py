@@ -292,10 +292,12 @@ def test_a_rank_leaving_with_the_agreed_error_keeps_its_exit_code_under_sigterm(
 
 def test_eval_and_plot_during_a_training_are_refused_and_never_mix_its_rounds(here: Path):
     """A `--resume` that extends the run holds it: eval and plot are refused while it trains.
-    Stopped midway, the run has model.pt of round 2 and metrics.jsonl past it: eval refuses
-    that too, rather than writing an eval.json whose best round comes from rounds the model
-    it scored has not seen."""
+    Stopped midway, the run is unfinished (the extension removed model.pt at its first
+    checkpoint): eval says so. A model.pt of round 2 beside a metrics.jsonl that runs past it
+    (put back by hand) is refused too, rather than writing an eval.json whose best round comes
+    from rounds the model it scored has not seen."""
     metrics = here / "r" / rf.METRICS
+    finished = (here / "r" / rf.MODEL).read_bytes()
     args = ["train", *TRAIN, "--rounds", "500", "--out", "r", "--resume"]
     first = subprocess.Popen(
         [sys.executable, "-m", "fedrc_cli", *args],
@@ -316,8 +318,11 @@ def test_eval_and_plot_during_a_training_are_refused_and_never_mix_its_rounds(he
         first.terminate()  # fedrc stops cleanly on SIGTERM: no torn metrics line
         first.communicate(timeout=60)
     assert first.returncode == 143 and locks(here) == []
-    assert rf.load_state(here / "r" / rf.MODEL)["round"] == 2
     last = max(r["round"] for r in rf.read_metrics(metrics))
+    assert not (here / "r" / rf.MODEL).exists()
+    refused(["eval", "--run", "r"], "r/model.pt: not there yet", "fedrc train --resume")
+    (here / "r" / rf.MODEL).write_bytes(finished)
+    assert rf.load_state(here / "r" / rf.MODEL)["round"] == 2
     before = snapshot(here)
     refused(
         ["eval", "--run", "r"],
