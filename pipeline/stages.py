@@ -161,7 +161,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
     train_config = run_config(run)
     if not (run / rf.MODEL).exists() and (run / rf.CHECKPOINT).is_file():
         raise FedrcError(
-            f"{run / rf.MODEL}: not there yet: the run stopped at a checkpoint and has not "
+            f"{run / rf.MODEL}: not found: the run stopped at a checkpoint and has not "
             "finished; finish it with `fedrc train --resume`, then evaluate"
         )
     final = rf.load_state(run / rf.MODEL)

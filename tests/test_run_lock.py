@@ -320,7 +320,11 @@ def test_eval_and_plot_during_a_training_are_refused_and_never_mix_its_rounds(he
     assert first.returncode == 143 and locks(here) == []
     last = max(r["round"] for r in rf.read_metrics(metrics))
     assert not (here / "r" / rf.MODEL).exists()
-    refused(["eval", "--run", "r"], "r/model.pt: not there yet", "fedrc train --resume")
+    refused(
+        ["eval", "--run", "r"],
+        "r/model.pt: not found: the run stopped at a checkpoint",
+        "fedrc train --resume",
+    )
     (here / "r" / rf.MODEL).write_bytes(finished)
     assert rf.load_state(here / "r" / rf.MODEL)["round"] == 2
     before = snapshot(here)

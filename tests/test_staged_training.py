@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import training
+from pipeline import run_setup, training
 from pipeline.data.shards import load_federated
 from pipeline.engine import LocalTask, SequentialExecutor
 from pipeline.engine.sequential import alignment, as_input, balanced_rows
@@ -126,8 +126,8 @@ def test_alignment_moves_the_extractor_and_prototypes_are_class_means() -> None:
 def calls(monkeypatch) -> list[str]:
     """make_executor's choice, without building an executor (the CUDA branch runs on a CPU)."""
     made: list[str] = []
-    monkeypatch.setattr(training, "BatchedExecutor", lambda *a, **k: made.append("batched"))
-    monkeypatch.setattr(training, "SequentialExecutor", lambda *a, **k: made.append("sequential"))
+    monkeypatch.setattr(run_setup, "BatchedExecutor", lambda *a, **k: made.append("batched"))
+    monkeypatch.setattr(run_setup, "SequentialExecutor", lambda *a, **k: made.append("sequential"))
     return made
 
 

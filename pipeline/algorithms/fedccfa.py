@@ -319,4 +319,5 @@ class FedCCFA(Algorithm):
             "extractor": self.extractor,
             "rounds_done": self.rounds_done,
             "last_clusters": self.last_clusters,
+            "grouping": self.grouping,
         }
