@@ -57,6 +57,7 @@ def train(data: Path, out: Path, rounds: int, **kw) -> Path:
     return train_stage(config)
 
 
+@pytest.mark.slow  # 35 s; FedRC's numbers: its golden curve; its clusters: test_drift
 def test_fedrc_gives_each_concept_its_own_cluster(concept_data: Path, tmp_path: Path) -> None:
     run = train(concept_data, tmp_path / "fedrc", rounds=8, algorithm="fedrc", clusters=3)
     purity = purity_by_round(run)
@@ -65,6 +66,7 @@ def test_fedrc_gives_each_concept_its_own_cluster(concept_data: Path, tmp_path: 
     assert read_metrics(run / METRICS)[-1]["global_accuracy"] >= 0.8
 
 
+@pytest.mark.slow  # 40 s; the prune and merge rules are pinned in test_algorithms.py
 def test_adaptive_fedrc_from_six_models_ends_with_one_per_concept(
     concept_data: Path, tmp_path: Path
 ) -> None:

@@ -333,6 +333,7 @@ def test_eager_puts_the_switched_clients_on_one_new_model(swap_drift: Path, tmp_
     assert active == [1] * 6 + [2] * 6
 
 
+@pytest.mark.slow  # 30 s; FedDrift under torchrun is also in test_distributed's CASES
 def test_torchrun_equals_one_process(swap_drift: Path, tmp_path: Path) -> None:
     """Detection, the new rows' copies and the merge happen alike on every rank (half the
     clients a round, so some check in at a later round of a step)."""
