@@ -29,13 +29,9 @@ DERIVED = (EVAL, EVAL_CLIENTS, PLOTS)
 CONTAINER_KEYS = ("format", "checksum")  # how model.pt was written, not what it holds
 
 
-def derived_outputs(out: Path) -> list[Path]:
-    """The files and folders eval and plot wrote into the run folder `out`."""
-    return [out / name for name in DERIVED]
-
-
 def remove_derived(out: Path) -> None:
-    for path in derived_outputs(out):
+    """Remove what eval and plot wrote into the run folder `out`."""
+    for path in (out / name for name in DERIVED):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:

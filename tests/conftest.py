@@ -4,6 +4,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +108,24 @@ def assert_metrics_close(expected: list[dict], got: list[dict], loss_tolerance: 
                 assert b[key] == pytest.approx(value, abs=tolerance), key
             else:
                 assert b[key] == value, key
+
+
+def working_copy(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh copy of a module's `world` folder (its benchmark and runs), made the working
+    directory: each test may damage it."""
+    root = tmp_path / "w"
+    shutil.copytree(world, root)
+    monkeypatch.chdir(root)
+    return root
+
+
+def assert_one_line(result, *culprits: str, code: int | None = None) -> str:
+    """A CLI result that failed (with `code`, when given) with one error line on stderr naming
+    every culprit, and no traceback; returns the line."""
+    assert result.exit_code != 0 if code is None else result.exit_code == code, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]  # stdout: progress
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output and lines[0].startswith("Error:"), result.output
+    for culprit in culprits:
+        assert culprit in lines[0], (culprit, lines[0])
+    return lines[0]

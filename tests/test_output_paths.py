@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
+from conftest import snapshot, working_copy
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -52,10 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "w"
-    shutil.copytree(world, root)
-    monkeypatch.chdir(root)
-    return root
+    return working_copy(world, tmp_path, monkeypatch)
 
 
 def refused(*args: str, culprits: tuple[str, ...]) -> str:

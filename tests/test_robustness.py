@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import snapshot
+from conftest import assert_one_line, snapshot, working_copy
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -68,25 +68,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh copy of `world` as the working directory."""
-    root = tmp_path / "w"
-    shutil.copytree(world, root)
-    monkeypatch.chdir(root)
-    return root
+    return working_copy(world, tmp_path, monkeypatch)
 
 
 def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_one_line(result, *culprits: str, code: int | None = None) -> str:
-    assert result.exit_code != 0 if code is None else result.exit_code == code, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]  # stdout: progress
-    assert len(lines) == 1, result.output
-    assert "Traceback" not in result.output and lines[0].startswith("Error:"), result.output
-    for culprit in culprits:
-        assert culprit in lines[0], (culprit, lines[0])
-    return lines[0]
 
 
 class Evil:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import tempfile
 import types
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
+from conftest import assert_one_line, snapshot, working_copy
 from typer.testing import CliRunner
 
 import fedrc_cli.common as common
@@ -53,10 +52,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "w"
-    shutil.copytree(world, root)
-    monkeypatch.chdir(root)
-    return root
+    return working_copy(world, tmp_path, monkeypatch)
 
 
 def invoke(*args: str):
@@ -69,13 +65,7 @@ def stderr_lines(result) -> list[str]:
 
 def refused(result, *culprits: str, code: int = 2) -> str:
     """One error line naming every culprit, exit `code`, no traceback."""
-    assert result.exit_code == code, result.output
-    lines = stderr_lines(result)
-    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
-    assert "Traceback" not in result.output
-    for culprit in culprits:
-        assert culprit in lines[0], (culprit, lines[0])
-    return lines[0]
+    return assert_one_line(result, *culprits, code=code)
 
 
 def run_files(root: Path) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
+from conftest import snapshot, working_copy
 from typer.testing import CliRunner
 
 import pipeline.run_lock as run_lock
@@ -55,10 +54,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def here(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "w"
-    shutil.copytree(world, root)
-    monkeypatch.chdir(root)
-    return root
+    return working_copy(world, tmp_path, monkeypatch)
 
 
 def env() -> dict[str, str]:
