@@ -35,8 +35,9 @@ from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
 from pipeline.derived import check_made_from
 from pipeline.errors import FedrcError
-from pipeline.io import atomic_files
+from pipeline.io import atomic_files, remove_leftovers
 from pipeline.resolve import from_values
+from pipeline.run_lock import writer_lock
 
 # The paper's published numbers: Guo et al., "Tackling Diverse Distribution Shifts Challenge in
 # Federated Learning by Robust Clustering" (FedRC), ICML 2024, Table 1, FashionMNIST (CNN)
@@ -580,8 +581,10 @@ def build_report(
     maps = concept_maps(groups, manifest)
     text = markdown(rows, manifest, runs, marks)
     names = ("report.md", "report.csv", "report.png")
-    with atomic_files(*(out / n for n in names)) as (md, table, figure):
-        md.write_text(text)
-        write_csv(table, rows)
-        draw(figure, rows, maps, dpi)
+    with writer_lock(out, "--out", "fedrc report"):
+        remove_leftovers(out, names)  # a killed report's temporary files
+        with atomic_files(*(out / n for n in names)) as (md, table, figure):
+            md.write_text(text)
+            write_csv(table, rows)
+            draw(figure, rows, maps, dpi)
     return rows, paper_caveat(manifest)

@@ -1,8 +1,8 @@
 """One writer per output folder: a lock that a command holds while it writes there.
 
 `fedrc train` holds its run folder, `fedrc eval` and `fedrc plot` the run folder they write
-into, `fedrc partition` its `--out`. A second command that would write the same folder gets one
-line naming the holder (pid, command, start time) and touches nothing.
+into, `fedrc partition` and `fedrc report` their `--out`. A second command that would write the
+same folder gets one line naming the holder (pid, command, start time) and touches nothing.
 
 The lock is an OS advisory lock (`fcntl.flock`) on a small file, `.fedrc.lock` inside a run
 folder and `.<name>.fedrc.lock` beside a benchmark folder (`fedrc partition` replaces that

@@ -120,6 +120,31 @@ def test_a_second_writer_is_one_line_naming_the_holder_and_touches_nothing(here,
     assert first.returncode == 0 and locks(here) == []  # a normal exit removes the lock file
 
 
+def test_a_second_report_into_one_folder_is_refused_and_a_killed_ones_files_removed(here):
+    """`fedrc report` holds its --out like the others; the temporary files a killed report
+    left there (and only those) are removed by the next one."""
+    assert runner.invoke(app, ["eval", "--run", "r"]).exit_code == 0
+    (here / "rep").mkdir()
+    torn = [here / "rep" / f".{name}.tmp-k1ll3d00" for name in ("report.md", "report.png")]
+    for path in torn:
+        path.write_text("half")
+    (here / "rep" / ".notes.md.tmp-mine").write_text("a user's own file")
+    first = holder(here, "rep", "fedrc report")
+    try:
+        before = snapshot(here)
+        line = refused(["report", "r", "--out", "rep"], "--out: rep", f"pid {first.pid}")
+        assert "fedrc report" in line, line
+        assert snapshot(here) == before
+    finally:
+        first.stdin.close()
+        first.wait(timeout=30)
+    result = runner.invoke(app, ["report", "r", "--out", "rep"])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in (here / "rep").iterdir())
+    assert names == [".notes.md.tmp-mine", "report.csv", "report.md", "report.png"], names
+    assert locks(here) == []
+
+
 def test_two_trainings_into_one_folder_the_second_is_refused(here: Path) -> None:
     """The first `fedrc train` keeps writing and ends as if it had been alone."""
     metrics = here / "two" / rf.METRICS
