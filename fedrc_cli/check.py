@@ -7,8 +7,13 @@ from typing import Annotated
 
 import typer
 
-from fedrc_cli.common import ParamsOption, console, user_errors, writing
+from fedrc_cli.common import ParamsOption, console, user_errors, writable_output, writing
 from pipeline.config import read_params
+
+# The folders the stages write, by their params.yaml key: checked here because under `dvc
+# repro` DVC itself touches a stage's outputs before its command could name the problem.
+OUTPUTS = {"partition.out": ("partition", "out"), "train.out": ("train", "out"),
+           "eval.run": ("eval", "run"), "plot.run": ("plot", "run")}  # fmt: skip
 
 
 def check(
@@ -23,11 +28,16 @@ def check(
     ] = None,
     params: ParamsOption = None,
 ) -> None:
-    """Check params.yaml's partition, train, eval and plot sections as their commands would."""
-    from pipeline.stages import CHECKED, check_stage  # torch: only once the options are read
+    """Check params.yaml's partition, train, eval and plot sections as their commands would,
+    and that the folders they write can be written."""
+    from pipeline.stages import CHECKED, check_stage, write_resolved  # torch: options read first
 
     with user_errors(), writing("--out", *([out] if out is not None else [])):
-        resolved = check_stage(read_params(params), out)
+        resolved = check_stage(read_params(params))
+        for key, (section, field) in OUTPUTS.items():
+            writable_output(key, resolved[section][field])
+        if out is not None:
+            write_resolved(resolved, out)
     train = resolved["train"]
     console.print(
         f"{params or 'params.yaml'}: {', '.join(CHECKED)} are valid "

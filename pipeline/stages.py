@@ -50,28 +50,30 @@ __all__ = [
     "plot_stage",
     "run_training",
     "train_stage",
+    "write_resolved",
 ]
 CHECKED = ("partition", "train", "eval", "plot")
 
 
-def check_stage(params: dict[str, Any], out: Path | None = None) -> dict[str, dict[str, Any]]:
+def check_stage(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each stage's configuration as its command would build it from `params` (no options).
 
     A DVC pipeline runs this first: a bad key or value stops it here, before DVC removes the
-    outputs of the stage it would rerun. With `out`, each configuration is written to
-    `out/<stage>.json` (all files or none): a stage depends on its own file, so it runs after
-    the check and only when its own section's values change."""
-    resolved = {
+    outputs of the stage it would rerun."""
+    return {
         "partition": config_dict(build_config(PartitionConfig, params)),
         "train": config_dict(train_config(params)),
         "eval": config_dict(build_config(EvalConfig, params)),
         "plot": config_dict(build_config(PlotConfig, params)),
     }
-    if out is not None:
-        with atomic_files(*(out / f"{name}.json" for name in CHECKED)) as tmps:
-            for tmp, name in zip(tmps, CHECKED):
-                tmp.write_text(json.dumps(resolved[name], indent=2, sort_keys=True) + "\n")
-    return resolved
+
+
+def write_resolved(resolved: dict[str, dict[str, Any]], out: Path) -> None:
+    """`out/<stage>.json` for each checked stage (all files or none): a stage depends on its
+    own file, so it runs after the check and only when its own section's values change."""
+    with atomic_files(*(out / f"{name}.json" for name in CHECKED)) as tmps:
+        for tmp, name in zip(tmps, CHECKED):
+            tmp.write_text(json.dumps(resolved[name], indent=2, sort_keys=True) + "\n")
 
 
 def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifest:

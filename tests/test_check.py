@@ -54,3 +54,18 @@ def test_a_bad_key_is_one_line_and_writes_nothing(here: Path, params: str, messa
     assert len(result.output.strip().splitlines()) == 1
     assert [p.name for p in (here / "resolved").iterdir()] == ["train.json"]
     assert (here / "resolved" / "train.json").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("key", ["partition.out", "train.out", "eval.run", "plot.run"])
+def test_an_output_folder_that_cannot_be_written_is_one_line(here: Path, key: str) -> None:
+    """Under `dvc repro` DVC would touch the stage's outputs first and fail in its own words."""
+    (here / "notes.txt").write_text("mine\n")
+    section, field = key.split(".")
+    params = {"partition": {"dataset": "synthetic"}, "train": {"algorithm": "fedavg"}}
+    params.setdefault(section, {})[field] = "notes.txt/run"
+    (here / "params.yaml").write_text(json.dumps(params))  # JSON is YAML
+    result = CliRunner().invoke(app, ["check", "--out", "resolved"])
+    assert result.exit_code == 2, result.output
+    line = f"Error: {key}: notes.txt/run: notes.txt is a file, not a folder"
+    assert result.output.strip() == line, result.output
+    assert sorted(p.name for p in here.iterdir()) == ["notes.txt", "params.yaml"]

@@ -119,6 +119,40 @@ def test_a_params_typo_leaves_the_last_run_intact(scratch: Path) -> None:
     assert again.returncode == 0 and "Running stage 'train'" not in again.stdout, again.stdout
 
 
+@pytest.mark.parametrize(
+    ("out", "line"),
+    [  # caught by the check stage (DVC would fail on the path first), then by train itself
+        ("notes.txt/run", "Error: train.out: notes.txt/run: notes.txt is a file, not a folder"),
+        ("notes", "Error: --out: notes holds files that are not a fedrc run (todo.txt); "),
+    ],
+)
+def test_a_bad_run_folder_under_dvc_repro_is_fedrcs_one_line(scratch: Path, out, line) -> None:
+    """The run-folder promises hold under `dvc repro`: fedrc's line, the user's files and the
+    last run untouched."""
+    before = run_files(scratch / RUN)
+    (scratch / "notes").mkdir(exist_ok=True)
+    (scratch / "notes" / "todo.txt").write_text("mine\n")
+    (scratch / "notes.txt").write_text("mine\n")
+    params = (scratch / "params.yaml").read_text()
+    (scratch / "params.yaml").write_text(params.replace(f"  out: {RUN}", f"  out: {out}"))
+    try:
+        result = run(scratch, "dvc", "repro")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output
+        errors = [x for x in output.splitlines() if x.startswith("Error:")]
+        assert len(errors) == 1 and errors[0].startswith(line), output
+        assert "Traceback" not in output and "Errno" not in output, output
+        assert (scratch / "notes.txt").read_text() == "mine\n"
+        assert [p.name for p in (scratch / "notes").iterdir()] == ["todo.txt"]
+        assert run_files(scratch / RUN) == before
+    finally:
+        (scratch / "params.yaml").write_text(params)
+        shutil.rmtree(scratch / "notes")
+        (scratch / "notes.txt").unlink()
+    again = run(scratch, "dvc", "repro")
+    assert again.returncode == 0 and "Running stage 'train'" not in again.stdout, again.stdout
+
+
 def test_dvc_repro_metrics_plots_and_an_experiment(scratch: Path) -> None:
     tmp_path = scratch
     metrics = json.loads((tmp_path / RUN / "eval.json").read_text())
