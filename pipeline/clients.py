@@ -30,7 +30,7 @@ from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.evaluate import all_logits, summarize
+from pipeline.evaluate import all_logits, kept_logits, summarize
 
 
 @dataclass
@@ -116,8 +116,8 @@ class LocalClients:
     ) -> tuple[dict[str, Any], torch.Tensor | None, bool]:
         """As `evaluate_round` for an algorithm with a client part: each held-out client's ω
         from its step, then each client's accuracies, both where its data is. Returns the
-        scores, the logits of this place's rows (None where they stay on the nodes) and whether
-        every logit was finite."""
+        scores, the logits of this place's rows (None where they stay on the nodes or a client
+        was absent) and whether every logit was finite."""
         present = comm.present(list(range(len(data.clients))))
         mine = [c for c in present if comm.owns(c)]
         raw = all_logits(self.executor, models, data, mine)
@@ -136,7 +136,7 @@ class LocalClients:
             size = train.stop - train.start
             accuracy[c] = client_accuracy(raw[:, rows], data.labels[rows], size, omega[c])
         scores = score_tables(data, comm, accuracy, groups)
-        return scores, raw, bool(torch.isfinite(raw).all())
+        return scores, kept_logits(raw, present, data), bool(torch.isfinite(raw).all())
 
 
 def receive_held_out(algorithm: Algorithm, comm: Communicator, omegas: dict[int, Any]) -> None:

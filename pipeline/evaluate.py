@@ -165,11 +165,10 @@ def evaluate_round(
     data: FederatedData,
     comm: Communicator,
     groups: dict[str, list[int]] | None = None,
-) -> tuple[dict[str, Any], torch.Tensor]:
+) -> tuple[dict[str, Any], torch.Tensor | None, bool]:
     """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
     own place (`groups`: see `summarize`). Also returns the raw logits (R, N, classes) of every
-    model row on this place's rows: the participating clients' training rows are what the next
-    round's E-step needs."""
+    model row on this place's rows (`kept_logits`), and whether every logit was finite."""
     present = comm.present(list(range(len(data.clients))))  # asked once: one answer throughout
     mine = [c for c in present if comm.owns(c)]
     raw = all_logits(executor, models, data, mine)
@@ -181,7 +180,15 @@ def evaluate_round(
     tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]
     comm.sum(tables)
     soft, hard = (summarize(data, t, groups) for t in tables)
-    return {**soft, **{f"hard_{k}": v for k, v in hard.items()}}, raw
+    scores = {**soft, **{f"hard_{k}": v for k, v in hard.items()}}
+    return scores, kept_logits(raw, present, data), bool(torch.isfinite(raw).all())
+
+
+def kept_logits(raw: torch.Tensor, present: list[int], data: FederatedData) -> torch.Tensor | None:
+    """The evaluation's logits, which the next round's E-step reuses (the participating
+    clients' training rows), or None when a client was absent (`Communicator.present`) and
+    its rows were never computed."""
+    return raw if len(present) == len(data.clients) else None
 
 
 def unlabeled_omega(

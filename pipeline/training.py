@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -265,14 +266,10 @@ def evaluation_checked(
     """The round's scores and logits on `data` (None where they stayed on the nodes); every
     place stops when one place's logits diverged."""
     if run.algorithm.client_part:
-        scores, logits, finite = run.clients.evaluate(
-            run.algorithm, run.models, data, run.comm, groups
-        )
+        evaluate = partial(run.clients.evaluate, run.algorithm)
     else:
-        scores, logits = evaluate_round(
-            run.algorithm, run.executor, run.models, data, run.comm, groups
-        )
-        finite = bool(torch.isfinite(logits).all())
+        evaluate = partial(evaluate_round, run.algorithm, run.executor)
+    scores, logits, finite = evaluate(run.models, data, run.comm, groups)
     diverged = run.comm.any(not finite)
     bad = torch.tensor([float("nan")]) if diverged else None
     require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
@@ -310,7 +307,7 @@ def next_step_scores(
     kept = {f"next_{k}": scores[k] for k in keys if k in scores}
     if "drifted_accuracy" in scores:
         kept["next_drifted_accuracy"] = scores["drifted_accuracy"]
-    return kept, None if "clients_scored" in scores or logits is None else logits
+    return kept, logits
 
 
 def run_training(
@@ -428,8 +425,6 @@ def play_round(round_: int, run: Run, full: FederatedData, progress: Progress) -
     if round_ % config.eval_every == 0 or round_ == config.rounds or boundary:
         groups = drift_groups(full, step)
         scores, progress.cached = evaluation_checked(run, round_, run.data, groups)
-        if "clients_scored" in scores:  # an absent node's rows were not computed
-            progress.cached = None
         row.update(scores)
         progress.eval_rounds.append(round_)
         progress.history.append(run.algorithm.omega_table().float())
