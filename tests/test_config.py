@@ -1,3 +1,6 @@
+import dataclasses
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +116,17 @@ def test_a_per_algorithm_row_may_choose_the_profile_and_the_model() -> None:
     assert config.model == "mlp" and set(config.settings) == {"cfl", "mlp"}
     assert train_config(params, {"algorithm": "cfl", "model": "cnn"}).model_settings is not None
 
+
+def test_train_config_fields_sit_in_their_sections_in_order() -> None:
+    """`TrainConfig.GROUPS` (the panels of `fedrc train --help`) lists every shared option once,
+    in the order of the fields, and the comment heading each run of fields names its group."""
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "settings"]
+    assert [name for names in TrainConfig.GROUPS.values() for name in names] == fields
+    headed: dict[str, list[str]] = {}
+    title = None
+    for line in inspect.getsource(TrainConfig).splitlines():
+        if line.startswith("    # "):
+            title = line[6:]
+        elif (found := re.match(r"    (\w+): ", line)) and title in TrainConfig.GROUPS:
+            headed.setdefault(title, []).append(found.group(1))
+    assert {k: tuple(v) for k, v in headed.items()} == TrainConfig.GROUPS
