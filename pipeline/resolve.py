@@ -7,7 +7,7 @@ The shared options (TrainConfig's fields) are given by name in each layer, the c
 options included; an algorithm's or model's own settings sit under its name in `train:`
 (`train: {fedrc: {estep: adam}}`), by name in a `per_algorithm` row, and in `--set KEY=VALUE`
 (KEY bare, or `<component>.KEY` when both components have it). A profile sets shared options
-(`config.PROFILES`) and an algorithm's settings (its `Settings.profiles`).
+(`config.PROFILES`) and the algorithm's and the model's settings (their `Settings.profiles`).
 
 The resolved configuration, settings included, goes into the run's config.json; `from_values`
 reads it back, and also the flat form of runs made before settings existed. `resumed` starts
@@ -162,7 +162,8 @@ def train_config(
     require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
     model = shared.get("model", DEFAULTS.model)
     collected = _Collected(algorithm, model, ("train.algorithm", "train.model"))
-    collected.values[algorithm].update(collected.classes[algorithm].profiles.get(profile, {}))
+    for name, cls in collected.classes.items():
+        collected.values[name].update(cls.profiles.get(profile, {}))
     _put_sections(collected, raw)
     for key, value in row_settings.items():
         collected.put(key, value, f"per_algorithm.{algorithm}.")

@@ -8,6 +8,7 @@ import pytest
 from pipeline.algorithms import num_models
 from pipeline.config import PartitionConfig, TrainConfig, build_config, read_params
 from pipeline.errors import FedrcError
+from pipeline.models.mlp import MLPSettings
 from pipeline.resolve import train_config
 
 
@@ -130,3 +131,12 @@ def test_train_config_fields_sit_in_their_sections_in_order() -> None:
         elif (found := re.match(r"    (\w+): ", line)) and title in TrainConfig.GROUPS:
             headed.setdefault(title, []).append(found.group(1))
     assert {k: tuple(v) for k, v in headed.items()} == TrainConfig.GROUPS
+
+
+def test_a_profile_sets_the_models_settings_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(MLPSettings, "profiles", {"reference": {"layers": 2}})
+    options = {"algorithm": "fedavg", "model": "mlp"}
+    assert train_config({}, options).model_settings.layers == 1
+    assert train_config({}, {**options, "profile": "reference"}).model_settings.layers == 2
+    overridden = train_config({}, {**options, "profile": "reference"}, ["layers=3"])
+    assert overridden.model_settings.layers == 3
