@@ -60,8 +60,10 @@ def dataclass_options(
 ) -> list[inspect.Parameter]:
     """Keyword parameters for a Typer command, one per field of `cls` not in `skip`; each
     defaults to None (not given). `names` renames an option (field → `--flag`, or for a bool
-    `--yes/--no`)."""
+    `--yes/--no`). A class with `GROUPS` (title → field names) shows each group in its own
+    panel of `--help`."""
     from_file = params_section(section)
+    panels = {name: title for title, names in getattr(cls, "GROUPS", {}).items() for name in names}
     types_ = field_types(cls)
     parameters = []
     for item in dataclasses.fields(cls):
@@ -77,6 +79,7 @@ def dataclass_options(
             *decls,
             help=item.metadata.get("help", ""),
             show_default=f"{_shown(value)} {where}",
+            rich_help_panel=panels.get(item.name),
         )
         annotation = Annotated[kind | None, option]  # type: ignore[operator]
         parameters.append(

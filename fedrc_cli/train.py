@@ -46,7 +46,15 @@ def train(
     params: ParamsOption = None,
     **options: Any,
 ) -> None:
-    """Train one algorithm (FedRC or a baseline); writes metrics, ω assignments, checkpoints."""
+    """Train one algorithm (FedRC or a baseline); writes metrics, ω assignments, checkpoints.
+
+    Later wins: built-in defaults < profile < params.yaml `train:` <
+    `per_algorithm.<algorithm>` < command-line options < `--set`.
+
+    An algorithm's or model's own settings sit under its name in `train:`
+    (train: {fedrc: {estep: adam}}) or go in --set. With --resume, the run's
+    config.json is the start, and only what leaves the numbers alone may change.
+    """
     with user_errors():
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")

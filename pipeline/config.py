@@ -12,7 +12,7 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -269,49 +269,79 @@ class TrainConfig:
 
     What every algorithm shares; an algorithm's or a model's own options are its `Settings`
     (`settings`, keyed by the algorithm's and the model's name; `pipeline.resolve` fills it).
+    The fields come in sections (`GROUPS`, the panels of `fedrc train --help`), in that order;
+    to a user they stay one flat set of keys: params.yaml's `train:`, the options, config.json.
     """
 
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Run": ("data", "algorithm", "clusters", "model", "profile", "seed", "out"),
+        "Rounds": ("rounds", "rounds_per_step", "participation", "server_lr"),
+        "Local SGD": (
+            "local_epochs",
+            "batch_size",
+            "lr",
+            "momentum",
+            "weight_decay",
+            "drop_last",
+            "persistent_momentum",
+            "skip_below",
+        ),
+        "Evaluation and checkpoints": ("eval_every", "checkpoint_every"),
+        "Execution": ("device", "executor", "chunk_clients", "precision"),
+    }
+
+    # Run
     data: str = option("data/federated", "Folder written by `fedrc partition`.")
     algorithm: str = option("fedrc", "Built-in (`fedrc info`), a plugin, or module:Name.")
     clusters: int = option(3, "K, the number of models.")
     model: str = option("cnn", "cnn, mobilenet_v2, resnet18, a plugin, or module:Name.")
     profile: str = option("paper", "paper, or reference: the authors' code's settings.")
+    seed: int = option(0, "Seed for models, sampling and batches.")
+    out: str = option("runs/fedrc", "Run folder.")
+
+    # Rounds
     rounds: int = option(200, "Communication rounds.")
     rounds_per_step: int | None = option(
         None,
         "Drifting benchmarks: rounds at each time step (none: rounds / T; the last step takes "
         "the rest).",
     )
+    participation: float = option(1.0, "Share of participating clients sampled each round.")
+    server_lr: float = option(1.0, "Server learning rate η_g: θ ← θ + η_g (average − θ).")
+
+    # Local SGD
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(128, "Local mini-batch size.")
     lr: float = option(0.1, "Local SGD learning rate.")
     momentum: float = option(0.9, "SGD momentum.")
     weight_decay: float = option(0.0, "SGD weight decay.")
     drop_last: bool = option(False, "Drop each epoch's last incomplete batch.")
-    participation: float = option(1.0, "Share of participating clients sampled each round.")
-    server_lr: float = option(1.0, "Server learning rate η_g: θ ← θ + η_g (average − θ).")
     persistent_momentum: bool = option(
         False, "Keep each (client, model)'s SGD momentum across rounds."
     )
+    skip_below: float = option(
+        0.0,
+        "Skip the local training of a (client, model) pair whose ω is below δ; its model is "
+        "folded in unchanged (0: train every pair).",
+    )
+
+    # Evaluation and checkpoints
     eval_every: int = option(1, "Evaluate every N rounds (and at the last round).")
     checkpoint_every: int | None = option(
         None,
         "Write checkpoint.pt every N rounds (and at the last); none: every round while a "
         "checkpoint is under 512 MB.",
     )
-    seed: int = option(0, "Seed for models, sampling and batches.")
+
+    # Execution
     device: str = option("auto", "auto (cuda when available), cpu or cuda.")
     executor: str = option("auto", "auto (batched on CUDA), batched or sequential.")
     chunk_clients: int | None = option(
         None, "Batched: local trainings at once (none: from free GPU memory)."
     )
     precision: str = option("fp32", "Batched on CUDA: fp32, or bf16 autocast.")
-    skip_below: float = option(
-        0.0,
-        "Skip the local training of a (client, model) pair whose ω is below δ; its model is "
-        "folded in unchanged (0: train every pair).",
-    )
-    out: str = option("runs/fedrc", "Run folder.")
+
+    # The algorithm's and the model's own settings (`pipeline.resolve`)
     settings: dict[str, Any] = field(default_factory=dict, compare=True, repr=True)
 
     @property

@@ -1,18 +1,23 @@
 """`fedrc train`'s configuration: the shared options plus the algorithm's and model's settings.
 
-From lowest to highest: the defaults (TrainConfig's, each Settings class's); the values of
-`train.profile` (shared, and the algorithm's `Settings.profiles`); params.yaml's `train:` section,
-where a component's settings sit under its name (`train: {fedrc: {estep: adam}}`); the
-algorithm's row of the top-level `per_algorithm` table; the options given on the command line;
-`--set KEY=VALUE` (KEY bare, or `<component>.KEY` when both components have it).
+Later wins: built-in defaults < profile < params.yaml `train:` < `per_algorithm.<algorithm>` <
+command-line options < `--set`.
+
+The shared options (TrainConfig's fields) are given by name in each layer, the command line's
+options included; an algorithm's or model's own settings sit under its name in `train:`
+(`train: {fedrc: {estep: adam}}`), by name in a `per_algorithm` row, and in `--set KEY=VALUE`
+(KEY bare, or `<component>.KEY` when both components have it). A profile sets shared options
+(`config.PROFILES`) and the algorithm's and the model's settings (their `Settings.profiles`).
 
 The resolved configuration, settings included, goes into the run's config.json; `from_values`
-reads it back, and also the flat form of runs made before settings existed.
+reads it back, and also the flat form of runs made before settings existed. `resumed` starts
+from that file instead of the layers, and lets only what does not change the numbers change.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import yaml
@@ -36,11 +41,12 @@ SHARED = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "set
 DEFAULTS = TrainConfig()
 
 
-def _legacy_keys() -> set[str]:
+@functools.cache
+def _legacy_keys() -> frozenset[str]:
     """Every built-in setting's name: the flat keys of a config.json from before settings."""
     classes = [cls.Settings for cls in BUILT_IN.values()]
     classes += [spec.settings for spec in BUILT_IN_MODELS.values()]
-    return {key for cls in classes for key in field_types(cls)}
+    return frozenset(key for cls in classes for key in field_types(cls))
 
 
 class _Collected:
@@ -121,8 +127,9 @@ def _apply_sets(collected: _Collected, sets: list[str]) -> None:
         collected.values[name][bare] = coerce(f"--set {name}.{bare}", value, kind)
 
 
-def _per_algorithm(params: dict[str, Any], algorithm: str) -> dict[str, Any]:
-    """`per_algorithm: {cfl: {lr: 0.1, max_clusters: 3}, ...}`: one algorithm's train keys.
+def _per_algorithm(params: dict[str, Any], algorithm: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`per_algorithm: {cfl: {lr: 0.1, max_clusters: 3}, ...}`: one algorithm's row, split into
+    its shared options (checked) and its settings.
 
     DVC cannot index a table by a matrix item, so a pipeline that runs many algorithms from one
     params file keeps their learning rates (and μ, max_clusters) here and fedrc picks the row.
@@ -135,52 +142,56 @@ def _per_algorithm(params: dict[str, Any], algorithm: str) -> dict[str, Any]:
     row = table.get(algorithm) or {}
     if not isinstance(row, dict):
         raise FedrcError(f"per_algorithm.{algorithm}: expected a mapping, got {row!r}")
-    return row
+    shared = {k: v for k, v in row.items() if k in SHARED and k != "algorithm"}
+    settings = {k: v for k, v in row.items() if k not in shared}  # `algorithm` is refused there
+    return checked_values(TrainConfig, shared, f"per_algorithm.{algorithm}"), settings
 
 
 def train_config(
     params: dict[str, Any], options: dict[str, Any] | None = None, sets: list[str] = ()
 ) -> TrainConfig:
-    """The configuration of a new run (module docstring); `options` that are None were not
-    given."""
+    """The configuration of a new run, layer over layer (the module's docstring); `options`
+    that are None were not given."""
     raw = section(params, "train")
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    shared = checked_values(TrainConfig, {k: v for k, v in raw.items() if k in SHARED}, "train")
-    algorithm = given.get("algorithm", shared.get("algorithm", DEFAULTS.algorithm))
-    model = given.get("model", shared.get("model", DEFAULTS.model))
-    collected = _Collected(algorithm, model, ("train.algorithm", "train.model"))
-    profile = given.get("profile", shared.get("profile", DEFAULTS.profile))
+    from_file = checked_values(TrainConfig, {k: v for k, v in raw.items() if k in SHARED}, "train")
+    algorithm = given.get("algorithm", from_file.get("algorithm", DEFAULTS.algorithm))
+    row, row_settings = _per_algorithm(params, algorithm)
+    shared = {**from_file, **row, **given}
+    profile = shared.get("profile", DEFAULTS.profile)
     require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
-    collected.values[algorithm].update(collected.classes[algorithm].profiles.get(profile, {}))
+    model = shared.get("model", DEFAULTS.model)
+    collected = _Collected(algorithm, model, ("train.algorithm", "train.model"))
+    for name, cls in collected.classes.items():
+        collected.values[name].update(cls.profiles.get(profile, {}))
+    _put_sections(collected, raw)
+    for key, value in row_settings.items():
+        collected.put(key, value, f"per_algorithm.{algorithm}.")
+    _apply_sets(collected, list(sets))
+    return _finish({**PROFILES[profile], **shared}, collected, "train")
 
-    components = set(ALGORITHMS.names()) | set(MODELS.names()) | {algorithm, model}
+
+def _put_sections(collected: _Collected, raw: dict[str, Any]) -> None:
+    """`train:`'s keys other than the shared options: the sections of the run's algorithm and
+    model are taken, another component's is kept for the runs that choose it, and a setting
+    written flat (or an unknown key) is one line saying where it belongs."""
+    components = {*ALGORITHMS.names(), *MODELS.names(), *collected.classes}
     for key, value in raw.items():
         if key in SHARED:
             continue
         if key in components and isinstance(value, dict):
-            for name in (algorithm, model):
-                if key == name:
-                    collected.values[name].update(value)
-            continue  # another algorithm's section: kept for runs that choose it
-        if key in _legacy_keys() or collected.owner(key, "train.") is not None:
+            if key in collected.values:
+                collected.values[key].update(value)
+        elif key in _legacy_keys() or collected.owner(key, "train.") is not None:
             raise FedrcError(
                 f"train.{key}: a setting of one algorithm or model; write it under its name, "
-                f"e.g. train: {{{algorithm}: {{{key}: ...}}}}, or give --set {key}=..."
+                f"e.g. train: {{{collected.algorithm}: {{{key}: ...}}}}, or give --set {key}=..."
             )
-        raise FedrcError(
-            f"train.{key}: unknown key (known: {', '.join(SHARED)}, and a section "
-            "per algorithm or model)"
-        )
-    row = _per_algorithm(params, algorithm)
-    where = f"per_algorithm.{algorithm}."
-    for key, value in row.items():
-        if key in SHARED and key != "algorithm":
-            shared.update(checked_values(TrainConfig, {key: value}, where.rstrip(".")))
         else:
-            collected.put(key, value, where)
-    _apply_sets(collected, list(sets))
-    values = {**PROFILES[profile], **shared, **given}
-    return _finish(values, collected, "train")
+            raise FedrcError(
+                f"train.{key}: unknown key (known: {', '.join(SHARED)}, and a section "
+                "per algorithm or model)"
+            )
 
 
 def _finish(values: dict[str, Any], collected: _Collected, name: str) -> TrainConfig:
@@ -202,6 +213,15 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
         shared.get("model", DEFAULTS.model),
         (f"{where}.algorithm", f"{where}.model"),
     )
+    _put_nested(collected, nested, where)
+    for key, value in values.items():
+        if key not in SHARED:
+            _put_flat(collected, key, value, where, strict)
+    return _finish(shared, collected, where)
+
+
+def _put_nested(collected: _Collected, nested: Any, where: str) -> None:
+    """config.json's `settings: {component: {key: value}}`."""
     if not isinstance(nested, dict):
         raise FedrcError(f"{where}.settings: expected a mapping, got {nested!r}")
     for name, table in nested.items():
@@ -209,15 +229,15 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
             raise FedrcError(f"{where}.settings.{name}: expected a mapping, got {table!r}")
         for key, value in table.items():
             collected.put(f"{name}.{key}", value, f"{where}.settings.")
-    legacy = _legacy_keys()
-    for key, value in values.items():
-        if key in SHARED:
-            continue
-        if "." in key or collected.owner(key, f"{where}.") is not None:
-            collected.put(key, value, f"{where}.")
-        elif strict or key not in legacy:  # another algorithm's flat key is left behind
-            raise FedrcError(f"{where}.{key}: unknown key")
-    return _finish(shared, collected, where)
+
+
+def _put_flat(collected: _Collected, key: str, value: Any, where: str, strict: bool) -> None:
+    """A setting outside `settings`: dotted (a checkpoint's identity), or flat (a config.json
+    from before settings, where another algorithm's key is left behind unless `strict`)."""
+    if "." in key or collected.owner(key, f"{where}.") is not None:
+        collected.put(key, value, f"{where}.")
+    elif strict or key not in _legacy_keys():
+        raise FedrcError(f"{where}.{key}: unknown key")
 
 
 def make_config(**values: Any) -> TrainConfig:

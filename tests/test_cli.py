@@ -57,6 +57,34 @@ def test_help(command: str) -> None:
     assert result.exit_code == 0 and "--params" in result.output
 
 
+LAYERS = (
+    "Later wins: built-in defaults < profile < params.yaml `train:` < "
+    "`per_algorithm.<algorithm>` < command-line options < `--set`."
+)
+
+
+def test_train_help_and_the_docs_give_one_rule_and_the_sections() -> None:
+    """Where a value comes from, in the same words in `fedrc train --help`, the settings page
+    and pipeline.resolve; the help shows TrainConfig's sections as panels, the page as a table."""
+    from pipeline import resolve
+    from pipeline.config import RESUMABLE, TrainConfig
+
+    result = invoke("train", "--help")
+    assert result.exit_code == 0
+
+    def flat(text: str) -> str:
+        return " ".join(text.replace("> ", "").split())
+
+    page = flat((ROOT / "docs" / "algorithms.md").read_text())
+    for text in (flat(result.output), page, flat(resolve.__doc__)):
+        assert LAYERS in text
+    for title, names in TrainConfig.GROUPS.items():
+        assert f"╭─ {title} ─" in result.output
+        assert f"| {title} | " + ", ".join(f"`{n}`" for n in names) + " |" in page
+    resume = page[page.index("`fedrc train --resume` does not use") :]
+    assert all(f"`--{k.replace('_', '-')}`" in resume for k in RESUMABLE)
+
+
 def test_top_level_help_lists_commands() -> None:
     result = invoke("--help")
     assert result.exit_code == 0

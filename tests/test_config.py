@@ -1,3 +1,6 @@
+import dataclasses
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -5,6 +8,7 @@ import pytest
 from pipeline.algorithms import num_models
 from pipeline.config import PartitionConfig, TrainConfig, build_config, read_params
 from pipeline.errors import FedrcError
+from pipeline.models.mlp import MLPSettings
 from pipeline.resolve import train_config
 
 
@@ -78,3 +82,61 @@ def test_bad_per_algorithm_rows_name_the_key(tmp_path: Path, body: str, culprit:
     path.write_text(body + "\n")
     with pytest.raises(FedrcError, match=culprit.replace(".", r"\.")):
         build(TrainConfig, read_params(path), {"algorithm": "fedrc"})
+
+
+def test_later_layers_win_one_key_at_a_time() -> None:
+    """The rule of `fedrc train --help`: built-in defaults < profile < params.yaml `train:` <
+    `per_algorithm.<algorithm>` < command-line options < `--set`, for a shared option
+    (weight_decay) and for a setting (adam_beta1), each layer added in turn."""
+    layers = [
+        ({}, {}, []),
+        ({"train": {"profile": "reference"}}, {}, []),
+        ({"train": {"weight_decay": 1e-3, "fedrc": {"adam_beta1": 0.6}}}, {}, []),
+        ({"per_algorithm": {"fedrc": {"weight_decay": 2e-3, "adam_beta1": 0.7}}}, {}, []),
+        ({}, {"weight_decay": 3e-3}, []),
+        ({}, {}, ["adam_beta1=0.8"]),
+    ]
+    expected = [(0.0, 0.9), (5e-4, 0.5), (1e-3, 0.6), (2e-3, 0.7), (3e-3, 0.7), (3e-3, 0.8)]
+    params: dict = {}
+    options: dict = {}
+    sets: list[str] = []
+    for (more_params, more_options, more_sets), want in zip(layers, expected, strict=True):
+        for name, values in more_params.items():
+            params[name] = {**params.get(name, {}), **values}
+        options.update(more_options)
+        sets += more_sets
+        config = train_config(params, options, sets)
+        assert (config.weight_decay, config.algorithm_settings.adam_beta1) == want, params
+
+
+def test_a_per_algorithm_row_may_choose_the_profile_and_the_model() -> None:
+    """Like any shared option: the profile's values and the model's settings follow it."""
+    params = {"per_algorithm": {"cfl": {"profile": "reference", "model": "mlp"}}}
+    config = train_config(params, {"algorithm": "cfl"})
+    assert (config.profile, config.weight_decay, config.drop_last) == ("reference", 5e-4, True)
+    assert config.model == "mlp" and set(config.settings) == {"cfl", "mlp"}
+    assert train_config(params, {"algorithm": "cfl", "model": "cnn"}).model_settings is not None
+
+
+def test_train_config_fields_sit_in_their_sections_in_order() -> None:
+    """`TrainConfig.GROUPS` (the panels of `fedrc train --help`) lists every shared option once,
+    in the order of the fields, and the comment heading each run of fields names its group."""
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "settings"]
+    assert [name for names in TrainConfig.GROUPS.values() for name in names] == fields
+    headed: dict[str, list[str]] = {}
+    title = None
+    for line in inspect.getsource(TrainConfig).splitlines():
+        if line.startswith("    # "):
+            title = line[6:]
+        elif (found := re.match(r"    (\w+): ", line)) and title in TrainConfig.GROUPS:
+            headed.setdefault(title, []).append(found.group(1))
+    assert {k: tuple(v) for k, v in headed.items()} == TrainConfig.GROUPS
+
+
+def test_a_profile_sets_the_models_settings_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(MLPSettings, "profiles", {"reference": {"layers": 2}})
+    options = {"algorithm": "fedavg", "model": "mlp"}
+    assert train_config({}, options).model_settings.layers == 1
+    assert train_config({}, {**options, "profile": "reference"}).model_settings.layers == 2
+    overridden = train_config({}, {**options, "profile": "reference"}, ["layers=3"])
+    assert overridden.model_settings.layers == 3
