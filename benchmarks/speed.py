@@ -123,13 +123,14 @@ def measure(args: argparse.Namespace, executor_name: str) -> dict:
         train_round(round_, run, None)
     sync(device)
     counted["train"] = 0
-    tic = time.perf_counter()
+    tic, cpu = time.perf_counter(), time.process_time()
     for round_ in range(args.warmup + 1, args.warmup + args.rounds + 1):
         train_round(round_, run, None)
     sync(device)
     seconds = (time.perf_counter() - tic) / args.rounds
     return {
         "seconds": seconds,
+        "cpu_seconds": (time.process_time() - cpu) / args.rounds,  # this process, all threads
         "train_samples": counted["train"] / args.rounds,
         "estep_samples": args.clients * args.samples * run.algorithm.num_rows,
         "memory_mib": peak_memory(device),

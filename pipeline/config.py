@@ -339,7 +339,11 @@ class TrainConfig:
     chunk_clients: int | None = option(
         None, "Batched: local trainings at once (none: from free GPU memory)."
     )
-    precision: str = option("fp32", "Batched on CUDA: fp32, or bf16 autocast.")
+    precision: str = option(
+        "fp32",
+        "fp32, or bf16: forward passes (training, E-step, evaluation) under bfloat16 autocast "
+        "on the CPU or CUDA; weights, optimizer state and aggregation stay fp32.",
+    )
 
     # The algorithm's and the model's own settings (`pipeline.resolve`)
     settings: dict[str, Any] = field(default_factory=dict, compare=True, repr=True)

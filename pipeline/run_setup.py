@@ -33,7 +33,7 @@ ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 
 def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings every executor takes."""
+    """The local SGD settings (and the precision) every executor takes."""
     return dict(
         lr=config.lr,
         momentum=config.momentum,
@@ -41,6 +41,7 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
         batch_size=config.batch_size,
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
+        precision=config.precision,
     )
 
 
@@ -63,9 +64,7 @@ def make_executor(
     automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
     batched = config.executor == "batched" or automatic
     if batched:
-        return BatchedExecutor(
-            model, device, **sgd, chunk_tasks=config.chunk_clients, precision=config.precision
-        )
+        return BatchedExecutor(model, device, **sgd, chunk_tasks=config.chunk_clients)
     return SequentialExecutor(model, device, **sgd)
 
 

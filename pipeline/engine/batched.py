@@ -26,8 +26,9 @@ How the tasks are kept apart (one computation for many small trainings is what a
   match it number for number.
 - Memory. Tasks are trained in chunks of `chunk_tasks`; by default the chunk is sized from the
   free GPU memory with a conservative estimate per task, and a modest fixed size on the CPU.
-- Precision. `precision="bf16"` runs forward and backward under CUDA autocast (bfloat16); the
-  parameters, momentum and the update stay float32. Ignored on the CPU.
+- Precision. `precision="bf16"` runs the vmapped forward passes and losses under bfloat16
+  autocast, on CUDA or the CPU, as the sequential executor does; the parameters, gradients,
+  momentum and the update stay float32.
 
 On a CPU this is slower than the sequential loop (protocol §6); `executor: auto` picks it only on
 CUDA. On a CPU shared by several runs, give each process one thread (`OMP_NUM_THREADS=1` or
@@ -57,7 +58,7 @@ class BatchedExecutor(SequentialExecutor):
     `stream` and `logits` vectorised over tasks / model rows.
 
     `chunk_tasks`: local trainings run at once (None: from free GPU memory, `CPU_CHUNK` on a
-    CPU). `precision`: "fp32" (default) or "bf16" (CUDA autocast).
+    CPU). `precision`: "fp32" (default) or "bf16" (autocast, `SequentialExecutor`).
     """
 
     def __init__(
@@ -83,12 +84,10 @@ class BatchedExecutor(SequentialExecutor):
             batch_size=batch_size,
             local_epochs=local_epochs,
             drop_last=drop_last,
+            precision=precision,
         )
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision: expected fp32 or bf16, got {precision!r}")
         self.lr, self.weight_decay = lr, weight_decay
         self.chunk_tasks = chunk_tasks
-        self.bf16 = precision == "bf16" and self.device.type == "cuda"
         self.param_names = [n for n, _ in self.model.named_parameters()]
         self.buffer_names = [n for n, b in self.model.named_buffers() if b.is_floating_point()]
         self.shapes = [t.shape for t in self.tensors]
@@ -107,9 +106,6 @@ class BatchedExecutor(SequentialExecutor):
     def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.reshape(t.shape[0], -1) for t in tensors], dim=1)
 
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16)
-
     # --- inference ------------------------------------------------------------------------
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """Logits of every model row on every image (K, N, classes), the rows vmapped."""
@@ -122,7 +118,7 @@ class BatchedExecutor(SequentialExecutor):
         batched = vmap(one, in_dims=(0, 0, None))
         step = GPU_INFERENCE_CHUNK if self.device.type == "cuda" else 256
         out = None
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.autocast():
             for s in range(0, images.shape[0], step):  # into one tensor (see the sequential's)
                 chunk = batched(params, buffers, as_input(images[s : s + step])).float()
                 if out is None:
@@ -285,7 +281,7 @@ class BatchedExecutor(SequentialExecutor):
                 rows = pos + bases[0, ids_d, None]  # into the image pool
                 cols = pos + bases[1, ids_d, None]  # into the weights and offsets
                 x, y, w = as_input(x_pool[rows]), y_pool[rows], w_pool[cols]
-                with self._autocast():
+                with self.autocast():
                     if o_pool is None:
                         weighted = without(p_g, b_g, x, y, w, None)
                     else:
