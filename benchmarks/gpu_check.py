@@ -45,7 +45,7 @@ class Sizes:
             ["--clients", "6", "--samples-per-client", "40", "--holdout-samples", "30"]
             if dry else []
         )  # fmt: skip
-        self.every = 1 if dry else 25  # checkpoints of a run that will not finish in time
+        self.every = 2 if dry else 25  # checkpoints of a run that will not finish in time
         self.probe_rounds = 1 if dry else 5  # rounds timed before deciding how many at once
         self.startup_s = 5.0 if dry else 40.0  # a training's start: torch, the data, the model
         self.margin_s = 20.0 if dry else 45.0  # the invocation's last report, copies and pack
@@ -357,7 +357,10 @@ class Probe:
         if first is None:
             return None
         if first not in running:  # it finished or stopped before the probe ended
-            return self.decide(1, "first trial left before it was timed") if self.solo_s else None
+            if self.solo_s:
+                return self.decide(1, "the first trial left before it was timed among others")
+            self.first = None  # time the next one alone
+            return None
         if self.solo_s is None:
             solo = [r for r in first.rounds_seen if r.running == (1, 1) and not r.checkpointed]
             if len(solo) < rounds:

@@ -68,11 +68,11 @@ def read_state(results: Path) -> State:
         raise FedrcError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(value, dict) or value.get("format") != FORMAT:
         raise FedrcError(f"{path}: not a gpu_check state of format {FORMAT}")
-    names = {f.name for f in fields(State)}
+    names = [f.name for f in fields(State)]
     wrong = [k for k in names if k in TYPES and not isinstance(value.get(k), TYPES[k])]
-    if wrong or not set(value) - {"format"} <= names:
-        what = wrong[0] if wrong else sorted(set(value) - names - {"format"})[0]
-        raise FedrcError(f"{path}: unexpected or missing field {what!r}")
+    wrong += sorted(set(value) - {*names, "format"})
+    if wrong:
+        raise FedrcError(f"{path}: unexpected or missing field {wrong[0]!r}")
     return State(**{k: v for k, v in value.items() if k != "format"})
 
 
