@@ -84,7 +84,7 @@ class Check:
         self.results, self.work = Path(args.results).resolve(), Path(args.work).resolve()
         self.plan = {
             "dry_run": args.dry_run, "device": self.sizes.device, "clients": self.sizes.clients,
-            "rounds": self.sizes.rounds, "seeds": args.seeds, "algorithms": list(ORDER),
+            "rounds": self.sizes.rounds, "seeds": args.seeds, "algorithms": self.algorithms(),
         }  # fmt: skip
         self.state = self.open_state()
         self.began, self.began_wall = time.monotonic(), time.time()
@@ -105,7 +105,7 @@ class Check:
             if state.plan != self.plan:
                 raise FedrcError(
                     f"--continue: {self.results / gr.STATE} holds another plan ({state.plan}); "
-                    "give the same --seeds and --dry-run, or another --results"
+                    "give the same --seeds, --algorithms and --dry-run, or another --results"
                 )
             state.budget_s = budget if budget is not None else state.budget_s
             return state
@@ -185,8 +185,11 @@ class Check:
 
     # ---- the matrix -------------------------------------------------------------------------
 
+    def algorithms(self) -> list[str]:
+        return [a for a in ORDER if a in self.args.algorithms]  # in the issue's order
+
     def trials(self) -> list[gt.Trial]:
-        return [gt.Trial(a, s, a in FINETUNED) for s in self.args.seeds for a in ORDER]
+        return [gt.Trial(a, s, a in FINETUNED) for s in self.args.seeds for a in self.algorithms()]
 
     def job(self, trial: gt.Trial) -> gt.Job:
         def train_argv(resume: bool, every: int) -> list[str]:
@@ -221,8 +224,7 @@ class Check:
         last_report = time.monotonic()
         while queue or running:
             now = time.monotonic()
-            stopping = now >= self.deadline or (self.args.stop_after is not None
-                                                and self.kept >= self.args.stop_after)  # fmt: skip
+            stopping = now >= self.deadline or self.stop_asked(running)
             training = sum(j.phase == "train" for j in running)
             for job in list(running):
                 job.watch(now, training)
@@ -252,6 +254,13 @@ class Check:
             time.sleep(self.sizes.poll_s)
         if queue:
             self.note(f"not reached in this invocation: {', '.join(t.name for t in queue)}")
+
+    def stop_asked(self, running: list[gt.Job]) -> bool:
+        """`--stop-after N`: N trials kept and every running training past a checkpoint of
+        this invocation, so that the next one resumes it (the dry run's deadline)."""
+        if self.args.stop_after is None or self.kept < self.args.stop_after:
+            return False
+        return all(j.phase != "train" or j.round >= j.start_round + j.every for j in running)
 
     def can_start(self, trial: gt.Trial) -> bool:
         spr, left = self.estimate(trial.algorithm), self.left()
@@ -462,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=".gpu-work", help="data, full runs, checkpoints, logs")
     parser.add_argument("--data-root", help="folder with Fashion-MNIST's four IDX files")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--algorithms", nargs="+", default=list(ORDER), choices=ORDER,
+                        help="a part of the matrix (run in the order fedrc, fedem, fedavg, "
+                        "fesem, ifca, cfl, fedsoft)")  # fmt: skip
     parser.add_argument("--max-parallel", type=int, default=4, help="most trials at once")
     parser.add_argument("--pack", help="write the results files of this invocation to a .tar.gz")
     parser.add_argument(

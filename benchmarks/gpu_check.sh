@@ -9,9 +9,9 @@
 #   bash benchmarks/gpu_check.sh --continue --data-root DIR --pack OUT.tar.gz
 #   bash benchmarks/gpu_check.sh --dry-run --budget-min 5   # every step at toy size on the CPU
 #
-# The dry run (CI) runs the check three times into a temporary folder: stopped after 3 trials,
-# continued on the "same machine" (checkpoints resumed) and stopped after 5 more, then continued
-# on a "fresh machine" (work folder gone) to the end. PYTHON (default python3) runs everything
+# The dry run (CI) runs the check three times into a temporary folder, on three algorithms ×
+# two seeds: stopped after 2 trials, continued on the "same machine" (checkpoints resumed) and
+# stopped after 2 more, then continued on a "fresh machine" (work folder gone) to the end. PYTHON (default python3) runs everything
 # with PYTHONPATH=., so a machine without fedrc installed (but with its dependencies) can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,12 +25,13 @@ fi
 shift
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-dry=(--dry-run --seeds 0 1 --results "$tmp/results" --work "$tmp/work")
-"$py" benchmarks/gpu_check.py "${dry[@]}" --stop-after 3 "$@"
+dry=(--dry-run --seeds 0 1 --algorithms fedrc fedavg ifca --results "$tmp/results" --work "$tmp/work")
+"$py" benchmarks/gpu_check.py "${dry[@]}" --stop-after 2 "$@"
 echo "## --continue on the same machine"
-"$py" benchmarks/gpu_check.py "${dry[@]}" --continue --stop-after 5
+"$py" benchmarks/gpu_check.py "${dry[@]}" --continue --stop-after 2
 echo "## --continue on a fresh machine"
 rm -rf "$tmp/work"
 "$py" benchmarks/gpu_check.py "${dry[@]}" --continue --require-done --pack "$tmp/last.tar.gz"
-tar -tzf "$tmp/last.tar.gz" | grep -q 'results/report/report.md'
+tar -tzf "$tmp/last.tar.gz" >"$tmp/packed"
+grep -q '^results/report/report.md$' "$tmp/packed"
 echo "dry run: every step ran, --continue included"

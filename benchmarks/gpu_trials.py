@@ -146,6 +146,7 @@ class Job:
     _last_line_at: float = 0.0
     _running: tuple[int, int] = (10**9, 0)
     _read: int = 0
+    _watched_at: float = 0.0
 
     @property
     def run(self) -> Path:
@@ -186,6 +187,8 @@ class Job:
         """Read the training's new `round N/R` lines; `training`: trainings running now."""
         lo, hi = self._running
         self._running = (min(lo, training), max(hi, training))
+        busy = self._watched_at and now - self._watched_at > 5  # we were busy: gaps too long
+        self._watched_at = now
         if self.phase != "train" or self.command is None:
             return
         with self.command.log.open("rb") as f:
@@ -193,11 +196,12 @@ class Job:
             chunk = f.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self._read += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            if (match := ROUND_LINE.match(line)) is None:
-                continue
+        lines = [
+            m for m in map(ROUND_LINE.match, complete.decode(errors="replace").splitlines()) if m
+        ]
+        for match in lines:
             number = int(match.group(1))
-            if self._last_line_at:
+            if self._last_line_at and not busy and len(lines) == 1:
                 done = number % self.every == 0 or number == self.rounds
                 self.rounds_seen.append(
                     Round(number, now - self._last_line_at, self._running, done)
