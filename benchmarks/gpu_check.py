@@ -274,7 +274,8 @@ class Check:
             return
         if phase == "train":
             saved = (job.run / "checkpoint.pt").is_file() and gt.checkpoint_round(job.run)
-            job.every = gt.checkpoint_every(
+            # the dry run always checkpoints, so that its stops resume from a checkpoint
+            job.every = self.sizes.every if self.sizes.dry else gt.checkpoint_every(
                 saved or 0, job.rounds, self.estimate(job.trial.algorithm),
                 self.left() - self.sizes.startup_s, self.sizes.every,
             )  # fmt: skip

@@ -4,6 +4,7 @@ that the script a GPU session runs first cannot rot where no GPU is lent."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # a minute; .ci/run runs the dry run itself, this checks its tables too
+@pytest.mark.slow  # 3 minutes; .ci/run runs the dry run itself, this checks its output too
 def test_gpu_check_dry_run_prints_every_table() -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "5"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -25,6 +26,14 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert "skipped" in out  # the cuda tests were collected (and skipped on the CPU)
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
+    # the matrix: stopped with a checkpoint, resumed from it on the same machine, started over
+    # on a fresh one, and finished with FedRC-FT and the report
+    assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
+    assert "train from round 2" in out
+    fresh = out[out.index("on a fresh machine") :]
+    assert "train from round 0" in fresh and "done: 10 of 10 steps; failed: none" in fresh
+    assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
+    assert out.rstrip().endswith("dry run: every step ran, --continue included")
 
 
 # ---- the parts of the check that need no GPU and no child process --------------------------
