@@ -4,6 +4,9 @@ runs/<name>/
   eval.json, eval_clients.json  fedrc eval; eval.json's `made_from` names the model it
                                 scored (`model_digest`), its round and the benchmark's hash
   plots/                        fedrc plot; plots/made_from.json names the same for the figures
+  model.sha256                  the digest of model.pt, in a copy of a finished run kept
+                                without its model (`keep_model_digest`: results small enough
+                                to commit); `model_digest` reads it where model.pt is absent
 
 A derived output belongs to the run it was made from: `fedrc train --overwrite` removes them,
 a `--resume` that trains more rounds removes them, and `fedrc report` refuses an eval.json whose
@@ -21,11 +24,13 @@ import torch
 
 from pipeline import run_files as rf
 from pipeline.errors import FedrcError
+from pipeline.io import atomic_file
 
 EVAL = "eval.json"
 EVAL_CLIENTS = "eval_clients.json"
 PLOTS = "plots"
-DERIVED = (EVAL, EVAL_CLIENTS, PLOTS)
+MODEL_DIGEST = "model.sha256"
+DERIVED = (EVAL, EVAL_CLIENTS, PLOTS, MODEL_DIGEST)
 CONTAINER_KEYS = ("format", "checksum")  # how model.pt was written, not what it holds
 
 
@@ -68,10 +73,29 @@ def _feed(hashed: Any, value: Any) -> None:
 
 
 def model_digest(run: Path) -> str | None:
-    """`state_digest` of the run's model.pt (read and checked as eval reads it), None when
-    training has not finished."""
+    """`state_digest` of the run's model.pt (read and checked as eval reads it); in a copy kept
+    without model.pt, the digest recorded in its model.sha256; None when training has not
+    finished."""
     path = run / rf.MODEL
-    return state_digest(rf.load_state(path)) if path.is_file() else None
+    if path.is_file():
+        return state_digest(rf.load_state(path))
+    kept = run / MODEL_DIGEST
+    if not kept.is_file():
+        return None
+    digest = kept.read_text(encoding="ascii", errors="replace").strip()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise FedrcError(f"{kept}: expected the 64 hex digits of a model digest")
+    return digest
+
+
+def keep_model_digest(run: Path, into: Path) -> None:
+    """Write the digest of `run`'s model.pt into `into`/model.sha256, so that a copy of the run
+    in `into` without model.pt still shows what its eval.json scored (`fedrc report` reads it)."""
+    digest = model_digest(run)
+    if digest is None:
+        raise FedrcError(f"{run / rf.MODEL}: not found (the run has not finished)")
+    with atomic_file(into / MODEL_DIGEST) as tmp:
+        tmp.write_text(digest + "\n")
 
 
 def made_from(model: str | None, round_: int, data_digest: str) -> dict[str, Any]:

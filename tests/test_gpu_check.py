@@ -4,6 +4,7 @@ that the script a GPU session runs first cannot rot where no GPU is lent."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # a minute; .ci/run runs the dry run itself, this checks its tables too
+@pytest.mark.slow  # 3 minutes; .ci/run runs the dry run itself, this checks its output too
 def test_gpu_check_dry_run_prints_every_table() -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "5"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -25,3 +26,110 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert "skipped" in out  # the cuda tests were collected (and skipped on the CPU)
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
+    # the matrix: stopped with a checkpoint, resumed from it on the same machine, started over
+    # on a fresh one, and finished with FedRC-FT and the report
+    assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
+    assert "train from round 2" in out
+    fresh = out[out.index("on a fresh machine") :]
+    assert "train from round 0" in fresh and "done: 10 of 10 steps; failed: none" in fresh
+    assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
+    assert out.rstrip().endswith("dry run: every step ran, --continue included")
+
+
+# ---- the parts of the check that need no GPU and no child process --------------------------
+
+
+def test_a_training_is_stopped_when_its_next_save_cannot_be_written_in_time() -> None:
+    from benchmarks.gpu_trials import must_stop
+
+    # round 10 of 200, a checkpoint every 25 rounds, 2 s a round, a 30 s checkpoint write
+    assert not must_stop(0, 100, 10, 200, 25, 2.0, 30.0)  # round 25 at 30 s + 30 s < 100
+    assert must_stop(0, 50, 10, 200, 25, 2.0, 30.0)  # 60 s > 50: the work would be lost
+    assert must_stop(100, 100, 10, 200, 25, 2.0, 30.0)  # the deadline
+    assert not must_stop(0, 50, 195, 200, 25, 2.0, 30.0)  # the end of the run saves too
+    assert not must_stop(0, 50, 10, 200, 25, None, 30.0)  # no estimate: wait for the deadline
+
+
+def test_a_run_that_fits_writes_no_checkpoint_before_its_end() -> None:
+    from benchmarks.gpu_trials import checkpoint_every
+
+    assert checkpoint_every(0, 200, 1.0, 400, 25) == 200  # 200 s × 1.25 < 400 s
+    assert checkpoint_every(100, 200, 2.0, 400, 25) == 200
+    assert checkpoint_every(0, 200, 2.0, 400, 25) == 25
+    assert checkpoint_every(0, 200, None, 4000, 25) == 25
+
+
+def test_how_many_trials_at_once() -> None:
+    from benchmarks.gpu_trials import how_many, keep_together
+
+    gpu = {"util": 30.0, "used_mib": 10_000.0, "total_mib": 80_000.0}
+    assert how_many(gpu, 0, 0, 4) == 3  # 90 % / 30 %
+    assert how_many({**gpu, "util": 85.0}, 0, 0, 4) == 1  # busy already
+    assert how_many({**gpu, "used_mib": 35_000.0}, 0, 0, 4) == 2  # GPU memory
+    assert how_many(gpu, 16 * 2**30, 20 * 2**30, 4) == 2  # the disk holds one more run
+    assert how_many(None, 0, 0, 4) == 2  # no reading: try two
+    assert keep_together(1.0, 1.5, 2)  # 2 rounds per 1.5 s against 1 per s
+    assert not keep_together(1.0, 1.9, 2)  # 5 % faster is not worth it
+
+
+def test_a_damaged_state_is_one_line(tmp_path: Path) -> None:
+    from benchmarks.gpu_results import STATE, State, read_state, write_state
+    from pipeline.errors import FedrcError
+
+    write_state(tmp_path, State(plan={"seeds": [0]}, budget_s=60.0, done=["cuda-tests"]))
+    assert read_state(tmp_path).done == ["cuda-tests"]
+    for text, says in [("{", "not valid JSON"), ('{"format": 1, "plan": 3}', "'plan'"),
+                       ("[]", "format 1")]:  # fmt: skip
+        (tmp_path / STATE).write_text(text)
+        with pytest.raises(FedrcError, match=says) as e:
+            read_state(tmp_path)
+        assert str(tmp_path / STATE) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_continue_without_a_state_and_a_second_start_are_refused(tmp_path: Path, capsys) -> None:
+    from benchmarks.gpu_check import main
+
+    results = tmp_path / "r"
+    args = ["--dry-run", "--results", str(results), "--work", str(tmp_path / "w")]
+    assert main([*args, "--continue"]) == 2
+    assert "start without --continue" in capsys.readouterr().err
+    results.mkdir()
+    (results / "state.json").write_text("{}")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--continue" in err and str(results) in err
+    assert main([*args, "--budget-min", "0"]) == 2
+
+
+def test_a_run_kept_without_its_model_still_reports(tiny_data: Path, tmp_path: Path) -> None:
+    """keep_run copies the small files and model.sha256: fedrc report reads the copy as it reads
+    the run, and refuses a model.sha256 that is not a digest."""
+    from conftest import TINY_TRAIN
+    from typer.testing import CliRunner
+
+    from benchmarks.gpu_results import keep_run
+    from fedrc_cli.app import app
+    from pipeline.config import EvalConfig
+    from pipeline.resolve import make_config
+    from pipeline.stages import eval_stage, train_stage
+
+    run = tmp_path / "full" / "fedrc-s0"
+    config = dict(TINY_TRAIN, rounds=2, data=str(tiny_data), algorithm="fedrc", out=str(run))
+    train_stage(make_config(**config))
+    eval_stage(EvalConfig(run=str(run)))
+    results = tmp_path / "kept"
+    keep_run(run, results)
+    kept = results / "runs" / "fedrc-s0"
+    assert not (kept / "model.pt").exists() and (kept / "model.sha256").is_file()
+    runner = CliRunner()
+    full = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "a")])
+    copy = runner.invoke(app, ["report", str(kept), "--out", str(tmp_path / "b")])
+    assert full.exit_code == 0 and copy.exit_code == 0, full.output + copy.output
+    tables = [(tmp_path / name / "report.csv").read_text() for name in ("a", "b")]
+    assert tables[0] == tables[1]
+    (kept / "model.sha256").write_text("not a digest\n")
+    bad = runner.invoke(app, ["report", str(kept), "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "model.sha256" in bad.output, bad.output
+    (kept / "model.sha256").unlink()
+    gone = runner.invoke(app, ["report", str(kept), "--out", str(tmp_path / "c")])
+    assert gone.exit_code == 2 and "is gone" in gone.output, gone.output

@@ -1,0 +1,500 @@
+"""The GPU check, in priority order within a time budget: the tests marked cuda, the speed rows,
+then the paper-scale FMNIST matrix of experiments/fmnist (300 clients, 200 rounds, profile:
+reference, K = 3): FedRC (and FedRC-FT from its run), FedEM, FedAvg, FeSEM, IFCA, CFL(3),
+FedSoft, seed 0 of every algorithm before seeds 1 and 2. `benchmarks/gpu_check.sh` runs it.
+
+Each invocation stops by itself before `--slice-min` (a GPU machine runs one command for at most
+10 minutes): a training that cannot reach its next checkpoint in time gets SIGTERM and keeps
+its last one. `--continue` goes on from `--results` (state.json) on the same machine (the work
+folder's checkpoints are resumed) or a fresh one (the data is partitioned again; an unfinished
+run starts over, since its checkpoint holds every client's momentum, gigabytes). The results
+folder keeps only the small files (`benchmarks/gpu_results.py`) and `fedrc report`'s table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks import gpu_results as gr
+from benchmarks import gpu_trials as gt
+from pipeline.errors import FedrcError
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "experiments" / "fmnist" / "params.yaml"
+ORDER = ("fedrc", "fedem", "fedavg", "fesem", "ifca", "cfl", "fedsoft")  # the issue's order
+FINETUNED = ("fedrc",)  # FedRC-FT is scored on a copy of FedRC's run
+
+
+class Sizes:
+    """The real check, or every step at toy size on the CPU (`--dry-run`)."""
+
+    def __init__(self, dry: bool) -> None:
+        self.dry = dry
+        self.device = "cpu" if dry else "cuda"
+        self.clients, self.rounds = (6, 4) if dry else (300, 200)
+        self.partition = (
+            ["--clients", "6", "--samples-per-client", "40", "--holdout-samples", "30"]
+            if dry else []
+        )  # fmt: skip
+        self.every = 2 if dry else 25  # checkpoints of a run that will not finish in time
+        self.probe_rounds = 1 if dry else 5  # rounds timed before deciding how many at once
+        self.startup_s = 5.0 if dry else 40.0  # a training's start: torch, the data, the model
+        self.margin_s = 20.0 if dry else 45.0  # the invocation's last report, copies and pack
+        self.report_every_s = 1e9 if dry else 60.0  # dry: one report per invocation
+        self.poll_s = 0.2 if dry else 1.0
+
+    def fixed_steps(self, py: str) -> list[tuple[str, list[str], str, str]]:
+        """(step, command, results file, title) before the matrix, as the script ran them."""
+        speed = [py, "benchmarks/speed.py", "--device", self.device, "--algorithm", "fedrc"]
+        if self.dry:
+            fmnist = ["--clients", "2", "--samples", "16", "--rounds", "1", "--warmup", "0"]
+            cifar = ["--clients", "2", "--samples", "8", "--rounds", "1", "--warmup", "0"]
+            scale = ["--total", "64", "--sizes", "2", "4", "--rounds", "1"]
+        else:
+            fmnist = ["--clients", "300", "--samples", "180", "--rounds", "3", "--warmup", "1"]
+            cifar = ["--clients", "300", "--samples", "150", "--rounds", "1", "--warmup", "1"]
+            scale = ["--rounds", "2", "--warmup", "1"]
+        pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
+        return [
+            ("cuda-tests", [*pytest, "tests/test_cuda.py"], "cuda-tests.txt", "tests marked cuda"),
+            ("speed-fmnist", [*speed, "--dataset", "fmnist", "--model", "cnn", "--models", "3",
+             *fmnist], "speed.md", "FMNIST CNN, FedRC, K = 3 (speed.py)"),
+            ("speed-cifar10", [*speed, "--dataset", "cifar10", "--model", "mobilenet_v2",
+             "--models", "3", *cifar], "speed.md", "CIFAR-10 MobileNetV2, FedRC, K = 3 (speed.py)"),
+            ("scale", [py, "benchmarks/scale.py", "--device", self.device, *scale], "speed.md",
+             "30 / 300 / 3,000 clients on the same data (scale.py)"),
+        ]  # fmt: skip
+
+
+class Check:
+    """One invocation: its deadline, the state it continues, the children's environment."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.sizes = args, Sizes(args.dry_run)
+        self.py = os.environ.get("PYTHON", sys.executable)
+        self.results, self.work = Path(args.results).resolve(), Path(args.work).resolve()
+        self.plan = {
+            "dry_run": args.dry_run, "device": self.sizes.device, "clients": self.sizes.clients,
+            "rounds": self.sizes.rounds, "seeds": args.seeds, "algorithms": self.algorithms(),
+        }  # fmt: skip
+        self.state = self.open_state()
+        self.began, self.began_wall = time.monotonic(), time.time()
+        self.spent_before = self.state.spent_s
+        slice_s = min(args.slice_min * 60, self.state.left_s())
+        self.deadline = self.began + slice_s - self.sizes.margin_s
+        threads = "1" if args.dry_run else str(max(1, (os.cpu_count() or 2) // args.max_parallel))
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        self.env.setdefault("OMP_NUM_THREADS", threads)
+        self.notes: list[str] = []
+        self.kept = self.unreported = 0  # trials kept in this invocation, and since the report
+
+    def open_state(self) -> gr.State:
+        args = self.args
+        budget = args.budget_min * 60 if args.budget_min is not None else None
+        if args.continue_:
+            state = gr.read_state(self.results)
+            if state.plan != self.plan:
+                raise FedrcError(
+                    f"--continue: {self.results / gr.STATE} holds another plan ({state.plan}); "
+                    "give the same --seeds, --algorithms and --dry-run, or another --results"
+                )
+            state.budget_s = budget if budget is not None else state.budget_s
+            return state
+        if (self.results / gr.STATE).exists():
+            raise FedrcError(
+                f"--results: {self.results} already holds a GPU check (state.json); add "
+                "--continue, or choose another folder"
+            )
+        for name in ("runs", "data", "logs"):  # a fresh start: this folder's own sub-folders
+            shutil.rmtree(self.work / name, ignore_errors=True)
+        return gr.State(plan=self.plan, budget_s=budget if budget is not None else 45 * 60)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        self.state.spent_s = self.spent_before + time.monotonic() - self.began
+        gr.write_state(self.results, self.state)
+
+    def fedrc(self, *args: str) -> list[str]:
+        return [self.py, "-m", "fedrc_cli", *args]
+
+    def note(self, text: str) -> None:
+        print(text, flush=True)
+        self.notes.append(text)
+
+    # ---- the steps before the matrix ---------------------------------------------------------
+
+    def fixed_steps(self) -> bool:
+        """The tests and the speed rows; False when the time ran out before they were done."""
+        for step, argv, file, title in self.sizes.fixed_steps(self.py):
+            if self.state.settled(step):
+                continue
+            if self.left() < 10:
+                return False
+            log = self.work / "logs" / f"{step}.log"
+            log.unlink(missing_ok=True)
+            code = gt.run_command(argv, ROOT, log, self.env, self.left())
+            text = log.read_text(errors="replace")
+            print(f"## {title}\n{text}", flush=True)
+            if code == 143:
+                self.give_up_after_two(step, "stopped at the deadline")
+                return False
+            gr.add_text(self.results, file, f"## {title}\n\n```\n{text.rstrip()}\n```\n\n")
+            if code == 0:
+                self.state.done.append(step)
+            else:
+                self.state.failed[step] = f"exit code {code}: {text.strip().splitlines()[-1:]}"
+            self.save()
+        return True
+
+    def give_up_after_two(self, step: str, why: str) -> None:
+        self.state.tries[step] = self.state.tries.get(step, 0) + 1
+        if self.state.tries[step] >= 2:
+            self.state.failed[step] = f"{why}, twice"
+        self.save()
+
+    def partition(self) -> bool:
+        data = self.work / "data" / "federated"
+        if not (data / "manifest.json").is_file():
+            if self.left() < 60 and not self.sizes.dry:
+                return False
+            argv = self.fedrc("partition", "--params", str(PARAMS), "--out", "data/federated",
+                              "--overwrite", *self.sizes.partition)  # fmt: skip
+            if self.args.data_root:
+                argv += ["--data-root", str(Path(self.args.data_root).resolve())]
+            log = self.work / "logs" / "partition.log"
+            if gt.run_command(argv, self.work, log, self.env, self.left()) != 0:
+                raise FedrcError(f"fedrc partition failed: {log.read_text().strip()[-300:]}")
+        kept = self.results / "data" / "federated" / "manifest.json"
+        if kept.is_file() and kept.read_bytes() != (data / "manifest.json").read_bytes():
+            raise FedrcError(
+                f"{data}: not the benchmark of {kept} (another Fashion-MNIST copy or fedrc?)"
+            )
+        gr.keep_manifest(data, self.results)
+        return True
+
+    # ---- the matrix -------------------------------------------------------------------------
+
+    def algorithms(self) -> list[str]:
+        return [a for a in ORDER if a in self.args.algorithms]  # in the issue's order
+
+    def trials(self) -> list[gt.Trial]:
+        return [gt.Trial(a, s, a in FINETUNED) for s in self.args.seeds for a in self.algorithms()]
+
+    def job(self, trial: gt.Trial) -> gt.Job:
+        def train_argv(resume: bool, every: int) -> list[str]:
+            argv = self.fedrc("train", "--out", f"runs/{trial.name}", "--device",
+                              self.sizes.device, "--checkpoint-every", str(every))  # fmt: skip
+            if resume:
+                return [*argv, "--resume"]
+            return [*argv, "--params", str(PARAMS), "--algorithm", trial.algorithm, "--seed",
+                    str(trial.seed), "--data", "data/federated", "--rounds",
+                    str(self.sizes.rounds), "--overwrite"]  # fmt: skip
+
+        def eval_argv(run: str, finetune: bool) -> list[str]:
+            return self.fedrc("eval", "--params", str(PARAMS), "--run", run,
+                              *(["--finetune"] if finetune else []))  # fmt: skip
+
+        return gt.Job(trial, self.work, self.env, self.sizes.rounds, self.sizes.every,
+                      train_argv, eval_argv)  # fmt: skip
+
+    def estimate(self, algorithm: str) -> float | None:
+        measured = self.state.seconds_per_round
+        return measured.get(algorithm) or (max(measured.values()) if measured else None)
+
+    def matrix(self) -> None:
+        order = {t.name: i for i, t in enumerate(self.trials())}
+        queue = [t for t in self.trials() if not self.state.settled(t.name)]
+        if not queue or not self.partition():
+            return
+        arrangement = self.state.arrangement
+        probe = None if arrangement else Probe(self)
+        limit = arrangement["trials"] if arrangement else 1
+        running: list[gt.Job] = []
+        last_report = time.monotonic()
+        while queue or running:
+            now = time.monotonic()
+            stopping = now >= self.deadline or self.stop_asked(running)
+            training = sum(j.phase == "train" for j in running)
+            for job in list(running):
+                job.watch(now, training)
+                outcome = self.advance(job, stopping)
+                if outcome is None:
+                    continue
+                running.remove(job)
+                if outcome == "again":
+                    queue.append(job.trial)
+                    queue.sort(key=lambda t: order[t.name])
+            if probe is not None and (decided := probe.update(running)) is not None:
+                limit, probe = decided, None
+            if stopping:
+                if not running:
+                    break
+            elif now - last_report >= self.sizes.report_every_s and self.report():
+                last_report = now
+            while not stopping and queue and len(running) < (probe.limit if probe else limit):
+                if not self.can_start(queue[0]):
+                    stopping = True
+                    break
+                job = self.job(queue.pop(0))
+                running.append(job)
+                self.start(job, job.next_phase())
+            if stopping and not running:
+                break
+            time.sleep(self.sizes.poll_s)
+        if queue:
+            self.note(f"not reached in this invocation: {', '.join(t.name for t in queue)}")
+
+    def stop_asked(self, running: list[gt.Job]) -> bool:
+        """`--stop-after N`: N trials kept and every running training past a checkpoint of
+        this invocation, so that the next one resumes it (the dry run's deadline)."""
+        if self.args.stop_after is None or self.kept < self.args.stop_after:
+            return False
+        return all(j.phase != "train" or j.round >= j.start_round + j.every for j in running)
+
+    def can_start(self, trial: gt.Trial) -> bool:
+        spr, left = self.estimate(trial.algorithm), self.left()
+        if spr is None:
+            return left > self.sizes.startup_s * 2
+        every = min(self.sizes.every, self.sizes.rounds)
+        return left > self.sizes.startup_s + every * spr + (self.state.checkpoint_s or 0)
+
+    def start(self, job: gt.Job, phase: str | None) -> None:
+        if phase is None:  # trained and scored in an earlier invocation on this machine
+            return
+        if phase == "train":
+            saved = (job.run / "checkpoint.pt").is_file() and gt.checkpoint_round(job.run)
+            # the dry run always checkpoints, so that its stops resume from a checkpoint
+            job.every = self.sizes.every if self.sizes.dry else gt.checkpoint_every(
+                saved or 0, job.rounds, self.estimate(job.trial.algorithm),
+                self.left() - self.sizes.startup_s, self.sizes.every,
+            )  # fmt: skip
+        job.start(phase, self.work / "logs" / f"{job.trial.name}.log")
+        print(f"{job.trial.name}: {phase}" + (f" from round {job.start_round}"
+              if phase == "train" else ""), flush=True)  # fmt: skip
+
+    def advance(self, job: gt.Job, stopping: bool) -> str | None:
+        """Move a job on; None while it runs, else "kept", "again" (stopped: queue it again)
+        or "failed"."""
+        if job.command is None:  # nothing was left to run
+            return self.keep(job)
+        code = job.command.poll()
+        if code is None:
+            spr = job.seconds_per_round() or self.estimate(job.trial.algorithm)
+            late = job.phase == "train" and gt.must_stop(
+                time.monotonic(), self.deadline, job.round, job.rounds, job.every, spr,
+                self.state.checkpoint_s or 0,
+            )  # fmt: skip
+            if not (stopping or late):
+                return None
+            code = job.command.stop(grace_s=120)
+            self.note(f"{job.trial.name}: stopped ({job.phase}, round {job.round}/{job.rounds})")
+            self.measure(job)
+            return "again"
+        if code in gt.INTERRUPTED:
+            self.note(f"{job.trial.name}: {job.phase} was stopped from outside ({code})")
+            return "again"
+        if code != 0:
+            self.note(f"{job.trial.name}: {job.phase} failed: {job.command.tail()}")
+            shutil.rmtree(job.run, ignore_errors=True)
+            shutil.rmtree(job.ft_run, ignore_errors=True)
+            self.give_up_after_two(job.trial.name, f"{job.phase} failed ({job.command.tail()})")
+            return "failed" if self.state.settled(job.trial.name) else "again"
+        if job.phase == "train":
+            self.measure(job)
+            gt.drop_checkpoints(job.run)
+        phase = job.next_phase()
+        if phase is not None:
+            self.start(job, phase)
+            return None
+        return self.keep(job)
+
+    def measure(self, job: gt.Job) -> None:
+        if (spr := job.seconds_per_round()) is not None:
+            self.state.seconds_per_round[job.trial.algorithm] = spr
+        if (ckpt := job.checkpoint_s()) is not None:
+            self.state.checkpoint_s = max(ckpt, self.state.checkpoint_s or 0)
+        self.save()
+
+    def keep(self, job: gt.Job) -> str:
+        gr.keep_run(job.run, self.results)
+        if job.trial.finetune:
+            gr.keep_run(job.ft_run, self.results)
+        self.state.done.append(job.trial.name)
+        self.kept += 1
+        self.unreported += 1
+        self.save()
+        self.note(f"{job.trial.name}: kept in {self.results / 'runs'}")
+        return "kept"
+
+    def report(self) -> bool:
+        """`fedrc report runs` in the results folder, when new runs were kept."""
+        if not self.unreported or self.left() + self.sizes.margin_s < 15:
+            return False
+        self.unreported = 0
+        log = self.work / "logs" / "report.log"
+        log.unlink(missing_ok=True)
+        argv = self.fedrc("report", "runs", "--out", "report")
+        code = gt.run_command(argv, self.results, log, self.env, self.left() + self.sizes.margin_s)
+        self.note(f"fedrc report: {'report/report.md' if code == 0 else log.read_text()[-300:]}")
+        return True
+
+
+class Probe:
+    """Decides how many trials run at once: the first trial alone for a few rounds (its speed,
+    the GPU's utilisation and memory), then n together while the same trial is timed again;
+    the faster arrangement is kept in the state for later invocations."""
+
+    def __init__(self, check: Check) -> None:
+        self.check, self.sampler = check, gt.GpuSampler()
+        self.limit, self.first, self.solo_s = 1, None, None
+        self.since = time.monotonic()
+
+    def update(self, running: list[gt.Job]) -> int | None:
+        if self.first is None and running:
+            self.first = running[0]
+        first, rounds = self.first, self.check.sizes.probe_rounds
+        if first is None:
+            return None
+        if first not in running:  # it finished or stopped before the probe ended
+            if self.solo_s:
+                return self.decide(1, "the first trial left before it was timed among others")
+            self.first = None  # time the next one alone
+            return None
+        if self.solo_s is None:
+            solo = [r for r in first.rounds_seen if r.running == (1, 1) and not r.checkpointed]
+            if len(solo) < rounds:
+                return None
+            self.solo_s = first.seconds_per_round(1)
+            gpu = self.sampler.between(self.since, time.monotonic())
+            disk = shutil.disk_usage(self.check.work).free
+            self.n = gt.how_many(
+                gpu, 2 * gt.folder_bytes(first.run), disk, self.check.args.max_parallel
+            )
+            self.gpu = gpu or {}
+            if self.n == 1:
+                return self.decide(1, "one trial keeps the GPU busy or fills it")
+            self.limit = self.n
+            return None
+        together = [r for r in first.rounds_seen if r.running == (self.n, self.n)]
+        if len([r for r in together if not r.checkpointed]) < rounds:
+            return None
+        together_s = first.seconds_per_round(self.n)
+        keep = gt.keep_together(self.solo_s, together_s, self.n)  # type: ignore[arg-type]
+        self.together_s = together_s
+        return self.decide(self.n if keep else 1, f"{self.n} at once: {together_s:.2f} s/round")
+
+    def decide(self, trials: int, why: str) -> int:
+        self.sampler.close()
+        result = {"trials": trials, "why": why, "solo_s_per_round": self.solo_s}
+        result |= {f"solo_gpu_{k}": v for k, v in getattr(self, "gpu", {}).items()}
+        if hasattr(self, "together_s"):
+            result["together_s_per_round"] = self.together_s
+        self.check.state.arrangement = result
+        self.check.save()
+        self.check.note(f"trials at once: {gt.describe(result)}")
+        return trials
+
+
+def device_name(dry: bool) -> str:
+    if dry:
+        return "CPU (dry run)"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise FedrcError("torch sees no GPU: run on a GPU machine, or add --dry-run")
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        return out.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "a CUDA GPU"
+
+
+def run(args: argparse.Namespace) -> int:
+    check = Check(args)
+    machine = device_name(args.dry_run)
+    print(
+        f"GPU check on {machine}: {check.left() / 60:.1f} min in this invocation, "
+        f"{check.state.left_s() / 60:.1f} of {check.state.budget_s / 60:.0f} min left",
+        flush=True,
+    )
+    check.save()
+    if check.left() > 0 and check.fixed_steps():
+        check.matrix()
+    check.report()
+    check.save()
+    steps = [s for s, *_ in check.sizes.fixed_steps(check.py)] + [t.name for t in check.trials()]
+    left = [s for s in steps if not check.state.settled(s)]
+    seconds = time.monotonic() - check.began
+    when = datetime.datetime.fromtimestamp(check.began_wall).isoformat(timespec="seconds")
+    gr.add_text(check.results, "sessions.md",
+                f"- {when}, {machine}, {seconds:.0f} s: " + "; ".join(check.notes or ["nothing"])
+                + "\n")  # fmt: skip
+    check.save()
+    if args.pack:
+        count = gr.pack(check.results, check.began_wall - 1, Path(args.pack))
+        print(f"packed {count} files into {args.pack}")
+    done = len(steps) - len(left)
+    print(
+        f"done: {done} of {len(steps)} steps; failed: {sorted(check.state.failed) or 'none'}; "
+        f"spent {check.state.spent_s / 60:.1f} of {check.state.budget_s / 60:.0f} min"
+    )
+    if left:
+        print(f"left: {', '.join(left)}; go on with --continue --results {args.results}")
+    return 1 if args.require_done and left else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="every step at toy size on the CPU")
+    parser.add_argument("--continue", dest="continue_", action="store_true",
+                        help="go on from --results' state.json")  # fmt: skip
+    parser.add_argument("--budget-min", type=float, help="device minutes for the whole check, "
+                        "over every invocation (default 45, or the state's)")  # fmt: skip
+    parser.add_argument(
+        "--slice-min",
+        type=float,
+        default=9.0,
+        help="the most one invocation runs (the machine's 10-minute limit)",
+    )
+    parser.add_argument("--results", default="experiments/fmnist/results/gpu-300clients-200rounds")
+    parser.add_argument("--work", default=".gpu-work", help="data, full runs, checkpoints, logs")
+    parser.add_argument("--data-root", help="folder with Fashion-MNIST's four IDX files")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--algorithms", nargs="+", default=list(ORDER), choices=ORDER,
+                        help="a part of the matrix (run in the order fedrc, fedem, fedavg, "
+                        "fesem, ifca, cfl, fedsoft)")  # fmt: skip
+    parser.add_argument("--max-parallel", type=int, default=4, help="most trials at once")
+    parser.add_argument("--pack", help="write the results files of this invocation to a .tar.gz")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        help="stop as at the deadline once N trials are kept (the dry run)",
+    )
+    parser.add_argument(
+        "--require-done", action="store_true", help="exit 1 unless every step is done or given up"
+    )
+    args = parser.parse_args(argv)
+    if (args.budget_min is not None and args.budget_min <= 0) or args.slice_min <= 0:
+        print("Error: --budget-min and --slice-min must be > 0", file=sys.stderr)
+        return 2
+    try:
+        return run(args)
+    except FedrcError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
