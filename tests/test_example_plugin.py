@@ -78,3 +78,22 @@ def test_the_example_package_runs_partition_train_eval_plot(
     assert result["algorithm"] == "flsc" and 0 <= result["final_global_accuracy"] <= 1
     invoke("plot", "--run", "r")
     assert any(Path("r/plots").glob("*.png"))
+
+
+def test_the_example_imports_fedrc_only_through_pipeline_plugin() -> None:
+    """One import surface: the example package names nothing of fedrc outside
+    `pipeline.plugin`, and docs/plugins.md lists every name the module exports."""
+    import ast
+
+    import pipeline.plugin
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "examples/fedrc-digits/fedrc_digits").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline"):
+                assert node.module == "pipeline.plugin", (path.name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("pipeline") for a in node.names), path.name
+    docs = (root / "docs/plugins.md").read_text()
+    missing = [name for name in pipeline.plugin.__all__ if f"`{name}`" not in docs]
+    assert missing == [], missing

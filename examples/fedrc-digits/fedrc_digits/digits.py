@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.data.loaders import DatasetSpec, RawDataset
+from pipeline.plugin import DatasetSpec, RawDataset
 
 TEST_SHARE = 0.2  # a seeded, fixed split: the same benchmark on every machine
 

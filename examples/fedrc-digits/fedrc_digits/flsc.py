@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.algorithms import Algorithm
-from pipeline.engine import LocalTask
-from pipeline.settings import Settings, require, setting
+from pipeline.plugin import Algorithm, LocalTask, Settings, require, setting
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from pipeline.models import ModelSpec
-from pipeline.settings import Settings, require, setting
+from pipeline.plugin import ModelSpec, Settings, require, setting
 
 
 @dataclass(frozen=True)
