@@ -59,10 +59,13 @@ class Sizes:
             fmnist = ["--clients", "2", "--samples", "16", "--rounds", "1", "--warmup", "0"]
             cifar = ["--clients", "2", "--samples", "8", "--rounds", "1", "--warmup", "0"]
             scale = ["--total", "64", "--sizes", "2", "4", "--rounds", "1"]
+            precision = ["--batch-sizes", "8", "--batches", "1", "--samples", "16", "--repeats",
+                         "1", "--round-clients", "2", "--round-samples", "8"]  # fmt: skip
         else:
             fmnist = ["--clients", "300", "--samples", "180", "--rounds", "3", "--warmup", "1"]
             cifar = ["--clients", "300", "--samples", "150", "--rounds", "1", "--warmup", "1"]
             scale = ["--rounds", "2", "--warmup", "1"]
+            precision = ["--round-rounds", "3", "--round-warmup", "1"]
         pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
         return [
             ("cuda-tests", [*pytest, "tests/test_cuda.py"], "cuda-tests.txt", "tests marked cuda"),
@@ -72,6 +75,8 @@ class Sizes:
              "--models", "3", *cifar], "speed.md", "CIFAR-10 MobileNetV2, FedRC, K = 3 (speed.py)"),
             ("scale", [py, "benchmarks/scale.py", "--device", self.device, *scale], "speed.md",
              "30 / 300 / 3,000 clients on the same data (scale.py)"),
+            ("precision", [py, "benchmarks/precision.py", "--device", self.device, *precision],
+             "speed.md", "bf16 against fp32 (precision.py)"),
         ]  # fmt: skip
 
 

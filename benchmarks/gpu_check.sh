@@ -14,9 +14,10 @@
 # stopped after 2 more, then continued on a "fresh machine" (work folder gone) to the end. PYTHON (default python3) runs everything
 # with PYTHONPATH=., so a machine without fedrc installed (but with its dependencies) can run it.
 set -euo pipefail
+py=${PYTHON:-python3}
+case $py in /*) ;; */*) py=$PWD/$py ;; esac  # the children run in other folders
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.
-py=${PYTHON:-python3}
 export PYTHON=$py
 
 if [ "${1:-}" != "--dry-run" ]; then
