@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline import run_files as rf
-from pipeline.algorithms import ALGORITHMS, build_algorithm
+from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
 from pipeline.checks import require_finite
 from pipeline.config import (
     EvalConfig,
@@ -23,7 +24,7 @@ from pipeline.config import (
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
-from pipeline.data.shards import data_digest, load_federated
+from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.drift_scores import over_time
 from pipeline.errors import FedrcError
@@ -160,82 +161,16 @@ def eval_stage(config: EvalConfig) -> dict[str, Any]:
 
 def _evaluate(config: EvalConfig) -> dict[str, Any]:
     run = Path(config.run)
-    train_config = run_config(run)
-    if not (run / rf.MODEL).exists() and (run / rf.CHECKPOINT).is_file():
-        raise FedrcError(
-            f"{run / rf.MODEL}: not found: the run stopped at a checkpoint and has not "
-            "finished; finish it with `fedrc train --resume`, then evaluate"
-        )
-    final = rf.load_state(run / rf.MODEL)
-    recorded = recorded_identity(rf.state_identity(run / rf.MODEL, final), f"{run / rf.MODEL}")
-    data = load_federated(Path(train_config.data))
-    if recorded.get("data_digest") != data_digest(data.manifest):
-        raise FedrcError(
-            f"{run / rf.MODEL}: trained on other data than {train_config.data} (the shards' "
-            "hashes differ); retrain, or point train.data at the data it was trained on"
-        )
-    wanted = {**train_config.identity(), "data_digest": recorded["data_digest"]}
-    other = rf.identity_mismatch(recorded, wanted)
-    if other is not None:
-        raise FedrcError(f"{run / rf.MODEL}: does not belong to {run / rf.CONFIG}: {other}")
+    train_config, final, data_hash, data = _open_model(run)
     prefix = "hard_" if config.hard else ""
-    metrics = rf.read_metrics(run / rf.METRICS)
-    evaluated = [r for r in metrics if "train_accuracy" in r]
-    if not evaluated:
-        raise FedrcError(f"{run / rf.METRICS}: no evaluated round")
-    best = max(evaluated, key=lambda r: r[prefix + "train_accuracy"])
-    top = max(evaluated, key=lambda r: r[prefix + "global_accuracy"])
-
-    # Score the final models afresh: the numbers a user gets from model.pt, not from the log.
+    metrics, best, top = _selected_rounds(run, prefix)
     device = resolve_device("auto")
-    executor = make_executor(train_config, data, device)
-    head = head_range(executor.model)
-    algorithm = build_algorithm(train_config, len(data.clients), data.num_classes, head)
-    expect = rf.Expected(
-        rounds=train_config.rounds,
-        models=(algorithm.num_rows, executor.flatten().numel()),
-        omega=tuple(algorithm.omega_table().shape),
-        algorithm=algorithm.state_dict(),
-        metrics=run / rf.METRICS,
-        logged=max((r["round"] for r in metrics), default=0),
-    )
-    rf.check_model(run / rf.MODEL, final, expect)  # before anything in it is used
-    model = state_digest(final)
-    if final["round"] != expect.logged:  # best-train and last round must be one run's
-        raise FedrcError(
-            f"{run / rf.MODEL}: holds round {final['round']}, but {run / rf.METRICS} runs to "
-            f"round {expect.logged}: the run was extended and has not finished; finish it with "
-            "`fedrc train --resume`, then evaluate"
-        )
+    executor, algorithm, model = _checked_final(run, train_config, data, final, metrics, device)
     algorithm.load_state_dict(final["algorithm"])
     data = data.at_step(data.time_steps - 1).to(device)  # the final models, on the last step
-    models = final["models"].to(device)
-    everyone = list(range(len(data.clients)))
-    logits = algorithm.combine_logits(all_logits(executor, models, data))
-    require_finite(f"{run / rf.MODEL}: round {final['round']}", {}, logits)
-    if config.finetune:
-        if algorithm.personal_models:
-            raise FedrcError(
-                f"--finetune: {algorithm.title} already scores clients with personal models"
-            )
-        own = finetuned_logits(algorithm, executor, models, data, train_config.seed)
-    else:
-        own = personal_logits(algorithm, executor, data, everyone)
-    table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
-    final_summary = summarize(data, table)
-    unlabeled = {}
-    if config.unlabeled:
-        blind = unlabeled_omega(algorithm, logits, data, final["omega"])
-        held = score_clients(logits, data, blind, config.hard, own, data.held_out)
-        blind_summary = summarize(data, held + table * (held[:, 2:] == 0))  # others: as scored
-        unlabeled = {
-            "final_unlabeled_global_accuracy": blind_summary["global_accuracy"],
-            "final_unlabeled_global_accuracy_by_concept": blind_summary[
-                "global_accuracy_by_concept"
-            ],
-            "unlabeled_rule": algorithm.unlabeled_rule,
-        }
-
+    table, final_summary, unlabeled = _score_final(
+        config, train_config, algorithm, executor, final, data, run
+    )
     part = np.asarray(data.participating)
     omega = final["omega"].numpy()
     concepts = np.asarray([c.concept for c in data.clients])
@@ -254,7 +189,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
-        "made_from": made_from(model, final["round"], recorded["data_digest"]),
+        "made_from": made_from(model, final["round"], data_hash),
     }
     if data.time_steps > 1:
         assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
@@ -262,7 +197,127 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         result["over_time"] = over_time(
             metrics, assignments, data.benchmark, per_step, final["round"], prefix
         )
-    clients = [
+    require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
+    with atomic_files(run / EVAL, run / EVAL_CLIENTS) as (tmp, tmp_clients):
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        tmp_clients.write_text(
+            json.dumps(_client_rows(data, table, omega), indent=2, sort_keys=True) + "\n"
+        )
+    return result
+
+
+def _open_model(run: Path) -> tuple[TrainConfig, dict[str, Any], str, FederatedData]:
+    """The run's configuration, its model.pt's state, the benchmark hash it records and the
+    benchmark, once model.pt is known to be this run's, trained on that benchmark."""
+    train_config = run_config(run)
+    if not (run / rf.MODEL).exists() and (run / rf.CHECKPOINT).is_file():
+        raise FedrcError(
+            f"{run / rf.MODEL}: not found: the run stopped at a checkpoint and has not "
+            "finished; finish it with `fedrc train --resume`, then evaluate"
+        )
+    final = rf.load_state(run / rf.MODEL)
+    recorded = recorded_identity(rf.state_identity(run / rf.MODEL, final), f"{run / rf.MODEL}")
+    data = load_federated(Path(train_config.data))
+    if recorded.get("data_digest") != data_digest(data.manifest):
+        raise FedrcError(
+            f"{run / rf.MODEL}: trained on other data than {train_config.data} (the shards' "
+            "hashes differ); retrain, or point train.data at the data it was trained on"
+        )
+    wanted = {**train_config.identity(), "data_digest": recorded["data_digest"]}
+    other = rf.identity_mismatch(recorded, wanted)
+    if other is not None:
+        raise FedrcError(f"{run / rf.MODEL}: does not belong to {run / rf.CONFIG}: {other}")
+    return train_config, final, recorded["data_digest"], data
+
+
+def _selected_rounds(run: Path, prefix: str) -> tuple[list[dict[str, Any]], dict, dict]:
+    """metrics.jsonl, its row with the best train accuracy and the one with the best global."""
+    metrics = rf.read_metrics(run / rf.METRICS)
+    evaluated = [r for r in metrics if "train_accuracy" in r]
+    if not evaluated:
+        raise FedrcError(f"{run / rf.METRICS}: no evaluated round")
+    best = max(evaluated, key=lambda r: r[prefix + "train_accuracy"])
+    top = max(evaluated, key=lambda r: r[prefix + "global_accuracy"])
+    return metrics, best, top
+
+
+def _checked_final(
+    run: Path,
+    train_config: TrainConfig,
+    data: FederatedData,
+    final: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    device: torch.device,
+) -> tuple[Any, Algorithm, str]:
+    """The executor and algorithm that score model.pt, and its digest, once its shapes, fields
+    and round are checked against the run (before anything in it is used)."""
+    executor = make_executor(train_config, data, device)
+    head = head_range(executor.model)
+    algorithm = build_algorithm(train_config, len(data.clients), data.num_classes, head)
+    expect = rf.Expected(
+        rounds=train_config.rounds,
+        models=(algorithm.num_rows, executor.flatten().numel()),
+        omega=tuple(algorithm.omega_table().shape),
+        algorithm=algorithm.state_dict(),
+        metrics=run / rf.METRICS,
+        logged=max((r["round"] for r in metrics), default=0),
+    )
+    rf.check_model(run / rf.MODEL, final, expect)
+    if final["round"] != expect.logged:  # best-train and last round must be one run's
+        raise FedrcError(
+            f"{run / rf.MODEL}: holds round {final['round']}, but {run / rf.METRICS} runs to "
+            f"round {expect.logged}: the run was extended and has not finished; finish it with "
+            "`fedrc train --resume`, then evaluate"
+        )
+    return executor, algorithm, state_digest(final)
+
+
+def _score_final(
+    config: EvalConfig,
+    train_config: TrainConfig,
+    algorithm: Algorithm,
+    executor: Any,
+    final: dict[str, Any],
+    data: FederatedData,
+    run: Path,
+) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """Score the final models afresh (the numbers a user gets from model.pt, not from the
+    log): every client's (train, test, scored) table, its summary, and the held-out clients'
+    scores without their labels when `config.unlabeled`."""
+    models = final["models"].to(data.images.device)
+    everyone = list(range(len(data.clients)))
+    logits = algorithm.combine_logits(all_logits(executor, models, data))
+    require_finite(f"{run / rf.MODEL}: round {final['round']}", {}, logits)
+    if config.finetune:
+        if algorithm.personal_models:
+            raise FedrcError(
+                f"--finetune: {algorithm.title} already scores clients with personal models"
+            )
+        own = finetuned_logits(algorithm, executor, models, data, train_config.seed)
+    else:
+        own = personal_logits(algorithm, executor, data, everyone)
+    table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
+    if not config.unlabeled:
+        return table, summarize(data, table), {}
+    blind = unlabeled_omega(algorithm, logits, data, final["omega"])
+    held = score_clients(logits, data, blind, config.hard, own, data.held_out)
+    blind_summary = summarize(data, held + table * (held[:, 2:] == 0))  # others: as scored
+    return (
+        table,
+        summarize(data, table),
+        {
+            "final_unlabeled_global_accuracy": blind_summary["global_accuracy"],
+            "final_unlabeled_global_accuracy_by_concept": blind_summary[
+                "global_accuracy_by_concept"
+            ],
+            "unlabeled_rule": algorithm.unlabeled_rule,
+        },
+    )
+
+
+def _client_rows(data: FederatedData, table: torch.Tensor, omega: np.ndarray) -> list[dict]:
+    """eval_clients.json: each client's description, accuracies and ω."""
+    return [
         {
             "client_id": c.client_id,
             "participating": c.participating,
@@ -275,11 +330,6 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         }
         for i, (c, (train, test, _)) in enumerate(zip(data.clients, table.tolist()))
     ]
-    require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
-    with atomic_files(run / EVAL, run / EVAL_CLIENTS) as (tmp, tmp_clients):
-        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        tmp_clients.write_text(json.dumps(clients, indent=2, sort_keys=True) + "\n")
-    return result
 
 
 def plot_stage(config: PlotConfig) -> list[Path]:
