@@ -22,6 +22,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,91 +156,109 @@ class Nodes:
         arrive, at most `WINDOW` in flight per node. A node that answers with an error or not
         within `fedrc-timeout` seconds is lost: in local training with `fedrc-on-node-loss:
         continue` its remaining requests are dropped, otherwise the run stops with one line."""
-        queues: dict[int, list[int]] = defaultdict(list)
+        ex = Exchange(requests, phase)
         for index, (node, *_) in enumerate(requests):
-            queues[node].append(index)
-        pending: dict[str, tuple[int, float]] = {}  # message id → (request, deadline)
-        busy: dict[int, int] = defaultdict(int)
+            ex.queues[node].append(index)
         pause = 0.01
-        while queues or pending:
-            outgoing = []
-            for node, queue in list(queues.items()):
-                while queue and busy[node] < WINDOW:
-                    index = queue.pop(0)
-                    outgoing.append(index)
-                    busy[node] += 1
-                if not queue:
-                    del queues[node]
-            if outgoing:
-                messages = []
-                for index in outgoing:
-                    node, kind, content = requests[index]
-                    self.traffic["sent"] += record_bytes(content)
-                    messages.append(Message(content, dst_node_id=node, message_type=kind))
-                ids = list(self.grid.push_messages(messages))
-                ids += [None] * (len(outgoing) - len(ids))  # a push refused whole returns []
-                deadline = time.monotonic() + self.deployment.timeout
-                refused = []
-                for index, message_id in zip(outgoing, ids):
-                    if message_id is None:
-                        refused.append(requests[index][0])
-                    else:
-                        pending[message_id] = (index, deadline)
-                for node in dict.fromkeys(refused):  # each node once, all its ids known
-                    reason = "the SuperLink refused the message"
-                    self.lose(node, phase, reason, queues, pending, requests)
-            replies = list(self.grid.pull_messages(list(pending))) if pending else []
+        while ex.queues or ex.pending:
+            self._push(ex)
+            replies = list(self.grid.pull_messages(list(ex.pending))) if ex.pending else []
             for reply in replies:
-                index, _ = pending.pop(reply.metadata.reply_to_message_id)
-                node = requests[index][0]
-                busy[node] -= 1
-                # a node works on one message at a time: the clock of its next one starts now
-                restart = time.monotonic() + self.deployment.timeout
-                for message_id, (other, _) in pending.items():
-                    if requests[other][0] == node:
-                        pending[message_id] = (other, restart)
-                if reply.has_error():
-                    self.lose(node, phase, reply.error.reason, queues, pending, requests)
-                    continue
-                self.traffic["received"] += record_bytes(reply.content)
-                error = wire.failed(reply.content)
-                if error is not None and error[1] is None:  # a diverged training: the loop's
-                    raise FedrcError(f"node {node}: {error[0]}")
-                yield requests[index], reply.content
-            now = time.monotonic()
-            for message_id, (index, deadline) in list(pending.items()):
-                if now > deadline and message_id in pending:
-                    node = requests[index][0]
-                    reason = f"no answer within fedrc-timeout ({self.deployment.timeout:g} s)"
-                    self.lose(node, phase, reason, queues, pending, requests)
+                answered = self._answered(ex, reply)
+                if answered is not None:
+                    yield answered
+            self._expire(ex)
             pause = 0.01 if replies else min(pause * 2, 0.5)
             if not replies:
                 time.sleep(pause)
 
-    def lose(
-        self,
-        node: int,
-        phase: str,
-        reason: str,
-        queues: dict[int, list[int]],
-        pending: dict[str, tuple[int, float]],
-        requests: list[tuple[int, str, RecordDict]],
-    ) -> None:
+    def _push(self, ex: Exchange) -> None:
+        """Send each node's next requests while it has fewer than `WINDOW` in flight."""
+        outgoing = []
+        for node, queue in list(ex.queues.items()):
+            while queue and ex.busy[node] < WINDOW:
+                outgoing.append(queue.pop(0))
+                ex.busy[node] += 1
+            if not queue:
+                del ex.queues[node]
+        if not outgoing:
+            return
+        messages = []
+        for index in outgoing:
+            node, kind, content = ex.requests[index]
+            self.traffic["sent"] += record_bytes(content)
+            messages.append(Message(content, dst_node_id=node, message_type=kind))
+        ids = list(self.grid.push_messages(messages))
+        ids += [None] * (len(outgoing) - len(ids))  # a push refused whole returns []
+        deadline = time.monotonic() + self.deployment.timeout
+        refused = []
+        for index, message_id in zip(outgoing, ids):
+            if message_id is None:
+                refused.append(ex.requests[index][0])
+            else:
+                ex.pending[message_id] = (index, deadline)
+        for node in dict.fromkeys(refused):  # each node once, all its ids known
+            self.lose(ex, node, "the SuperLink refused the message")
+
+    def _answered(
+        self, ex: Exchange, reply: Message
+    ) -> tuple[tuple[int, str, RecordDict], RecordDict] | None:
+        """The request a reply answers with its content; None when the reply is an error (its
+        node is lost)."""
+        index, _ = ex.pending.pop(reply.metadata.reply_to_message_id)
+        node = ex.requests[index][0]
+        ex.busy[node] -= 1
+        # a node works on one message at a time: the clock of its next one starts now
+        restart = time.monotonic() + self.deployment.timeout
+        for message_id, (other, _) in ex.pending.items():
+            if ex.requests[other][0] == node:
+                ex.pending[message_id] = (other, restart)
+        if reply.has_error():
+            self.lose(ex, node, reply.error.reason)
+            return None
+        self.traffic["received"] += record_bytes(reply.content)
+        error = wire.failed(reply.content)
+        if error is not None and error[1] is None:  # a diverged training: the loop's
+            raise FedrcError(f"node {node}: {error[0]}")
+        return ex.requests[index], reply.content
+
+    def _expire(self, ex: Exchange) -> None:
+        """Lose the nodes whose request went unanswered past its deadline."""
+        now = time.monotonic()
+        for message_id, (index, deadline) in list(ex.pending.items()):
+            if now > deadline and message_id in ex.pending:
+                node = ex.requests[index][0]
+                reason = f"no answer within fedrc-timeout ({self.deployment.timeout:g} s)"
+                self.lose(ex, node, reason)
+
+    def lose(self, ex: Exchange, node: int, reason: str) -> None:
         """Stop with one line, or (local training, `continue`) forget the node and drop its
         requests still queued or in flight."""
         clients = self.clients_of(node)
         shown = f"{clients[:10]}{' …' if len(clients) > 10 else ''}"
-        line = f"node {node} (clients {shown}) was lost during {phase}: {reason}"
-        if phase != "local training" or self.deployment.on_node_loss == "stop":
+        line = f"node {node} (clients {shown}) was lost during {ex.phase}: {reason}"
+        if ex.phase != "local training" or self.deployment.on_node_loss == "stop":
             raise NodeLost(line)
         log.warning("%s; the round finishes without it", line)
         self.lost.add(node)
-        queues.pop(node, None)
-        for message_id, (index, _) in list(pending.items()):
-            if requests[index][0] == node:
-                del pending[message_id]
+        ex.queues.pop(node, None)
+        for message_id, (index, _) in list(ex.pending.items()):
+            if ex.requests[index][0] == node:
+                del ex.pending[message_id]
         for client in clients:
             del self.holder[client]
+
+
+@dataclass
+class Exchange:
+    """One `Nodes.exchange`: its requests, phase, the indices still to send per node, the
+    message ids in flight (→ request, deadline) and how many each node has in flight."""
+
+    requests: list[tuple[int, str, RecordDict]]
+    phase: str
+    queues: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    pending: dict[str, tuple[int, float]] = field(default_factory=dict)
+    busy: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def record_bytes(content: RecordDict) -> int:
