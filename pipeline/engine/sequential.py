@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.engine.heap import keep_freed_buffers
 from pipeline.engine.task import Job, LocalResult, LocalTask, Stage
 
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
@@ -58,6 +59,8 @@ class SequentialExecutor:
             raise ValueError(f"precision: expected fp32 or bf16, got {precision!r}")
         self.precision = precision
         self.device = device
+        if device.type == "cpu":
+            keep_freed_buffers()  # no page faults for each training's model-sized buffers
         self.model = model.to(device)
         self.params = list(self.model.parameters())
         # The flat layout: every parameter, then every floating-point buffer (BatchNorm stats).
