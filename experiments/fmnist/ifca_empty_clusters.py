@@ -47,7 +47,7 @@ def run(config: TrainConfig, zero_empty: bool) -> list[tuple[int, list[int], dic
         cached = None
         if round_ % config.eval_every == 0 or round_ == config.rounds:
             algorithm = training.algorithm
-            scores, cached = evaluate_round(
+            scores, cached, _ = evaluate_round(
                 algorithm, training.executor, training.models, data, comm
             )
             members = algorithm.omega[data.participating].sum(0).round().int().tolist()
