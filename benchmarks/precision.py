@@ -23,19 +23,16 @@ slower); the header says whether it is set.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
-import sys
 import time
 
 import torch
+from speed import child_round
 
 from pipeline.engine import BatchedExecutor, LocalTask, SequentialExecutor
 from pipeline.models import build_model
 
-HERE = __file__.rsplit("/", 1)[0]
 PRECISIONS = ("fp32", "bf16")
 SHAPE = (28, 28, 1)  # FMNIST
 
@@ -105,18 +102,13 @@ def inference_rates(args: argparse.Namespace, device: torch.device) -> dict:
 
 def round_seconds(args: argparse.Namespace, precision: str) -> dict:
     """`benchmarks/speed.py`'s round in a child process: seconds per round, peak memory."""
-    executor = "batched" if args.device == "cuda" else "sequential"
-    argv = [
-        *(sys.executable, f"{HERE}/speed.py", "--device", args.device, "--algorithm", "fedrc"),
-        *("--clients", str(args.round_clients), "--samples", str(args.round_samples)),
-        *("--models", str(args.models), "--rounds", str(args.round_rounds)),
-        *("--warmup", str(args.round_warmup)),
-        *("--precision", precision, "--child", executor),
+    options = [
+        *("--algorithm", "fedrc", "--clients", str(args.round_clients)),
+        *("--samples", str(args.round_samples), "--models", str(args.models)),
+        *("--rounds", str(args.round_rounds), "--warmup", str(args.round_warmup)),
+        *("--precision", precision),
     ]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"round, {precision}: failed\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_round(args.device, options, f"round, {precision}")
 
 
 def machine(device: torch.device) -> str:

@@ -14,27 +14,18 @@ GPU memory on CUDA). The executor is `sequential` on a CPU and `batched` on CUDA
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 
 import torch
-
-HERE = __file__.rsplit("/", 1)[0]
+from speed import child_round
 
 
 def child(args: argparse.Namespace, algorithm: str, clients: int) -> dict:
-    executor = "batched" if args.device == "cuda" else "sequential"
-    argv = [
-        *(sys.executable, f"{HERE}/speed.py", "--device", args.device),
+    options = [
         *("--algorithm", algorithm, "--clients", str(clients)),
         *("--samples", str(args.total // clients), "--models", str(args.models)),
-        *("--rounds", str(args.rounds), "--warmup", str(args.warmup), "--child", executor),
+        *("--rounds", str(args.rounds), "--warmup", str(args.warmup)),
     ]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{algorithm}, {clients} clients: failed\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_round(args.device, options, f"{algorithm}, {clients} clients")
 
 
 def main() -> None:

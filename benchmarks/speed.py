@@ -228,5 +228,17 @@ def main() -> None:
     print(f"forward FLOPs per sample: {flops / 1e6:.1f} M")
 
 
+def child_round(device: str, options: list[str], label: str) -> dict:
+    """One measurement of this script in a child process of its own (so that its peak memory
+    is its own), for the other benchmarks: `options` follow `--device`, the executor follows the
+    device (batched on CUDA, sequential on a CPU); a failure exits naming `label`."""
+    executor = "batched" if device == "cuda" else "sequential"
+    argv = [sys.executable, __file__, "--device", device, *options, "--child", executor]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{label}: failed\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 if __name__ == "__main__":
     main()
