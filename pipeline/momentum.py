@@ -1,13 +1,21 @@
-"""Each (client, model row)'s SGD momentum across rounds, kept in a memory-mapped file.
+"""Each (client, model row)'s SGD momentum across rounds.
 
 The authors' code keeps one optimizer per client and model, so a client's momentum carries over
 from one round to its next (`persistent_momentum`, on in `profile: reference`). That is
 clients × rows × trainable parameters of float32: 7.8 GB for 300 clients and three FMNIST CNNs,
-more with larger models, so it lives on disk in the run folder (a sparse file: only buffers
-that exist take space) and the page cache decides what stays in memory. A run whose buffers
-would not fit on that disk is refused with one line giving the size, before the first round.
+more with larger models. Where the buffers live:
 
-Under torchrun every rank keeps the buffers of its own clients (`Communicator.owns`); a
+- on the GPU, when training runs there and they take at most `GPU_SHARE` of its free memory at
+  the start: a local training then reads and writes its buffer without leaving the device. Kept
+  in a memory-mapped file instead, every round moved the 7.8 GB to the host and back and made
+  the page cache write them to disk: 4.3 s a paper-scale FedRC round on an H100 against 0.85 s
+  without persistent momentum (benchmarks/gpu_check.sh's log, docs/gpu.md);
+- otherwise in a memory-mapped file in the run folder (a sparse file: only buffers that exist
+  take space), so that the page cache decides what stays in memory. A run whose buffers would
+  not fit on that disk is refused with one line giving the size, before the first round.
+
+Both are one (clients, rows, trainable) float32 tensor, so the rest of the code does not ask
+which. Under torchrun every rank keeps the buffers of its own clients (`Communicator.owns`); a
 checkpoint gathers them into one snapshot file that any number of ranks can resume from.
 """
 
@@ -27,10 +35,20 @@ from pipeline.errors import FedrcError
 
 GB = 1e9
 LIVE_FILE = ".momentum-rank{rank}.npy"  # a place's buffers while it trains, in the run folder
+GPU_SHARE = 0.25  # of the GPU's free memory the buffers may take (the rest: training chunks)
+
+
+def memory_for(device: torch.device, nbytes: int) -> torch.device | None:
+    """Where buffers of `nbytes` live in memory: the CUDA device training runs on, when they take
+    at most `GPU_SHARE` of its free memory; None (the live file) otherwise."""
+    if device.type == "cuda" and nbytes <= GPU_SHARE * torch.cuda.mem_get_info(device)[0]:
+        return device
+    return None
 
 
 class MomentumStore:
-    """Disabled (no file, nothing kept) unless `folder` is given."""
+    """Disabled (nothing kept) unless `folder` is given. `device` is where training runs: a
+    CUDA device keeps the buffers in its memory when they fit (`in_memory`)."""
 
     def __init__(
         self,
@@ -39,52 +57,66 @@ class MomentumStore:
         rows: int,
         size: int,
         comm: Communicator,
+        device: torch.device | None = None,
     ) -> None:
         self.comm, self.rows, self.size = comm, rows, size
         self.clients = list(clients)  # the run's participants, in slot order
         self.slot = {client: i for i, client in enumerate(clients)}
         self.present = torch.zeros(len(clients), rows, dtype=torch.bool)  # buffers that exist
         self.path: Path | None = None
-        self._buffers: np.memmap | None = None
+        self._buffers: torch.Tensor | None = None
         if folder is not None:
-            mine = [c for c in clients if comm.owns(c)]
-            self._open(folder / LIVE_FILE.format(rank=comm.rank), mine)
+            self._mine = {c for c in clients if comm.owns(c)}
+            self._open(folder, device or torch.device("cpu"))
 
     @property
     def enabled(self) -> bool:
         return self._buffers is not None
 
-    def _open(self, path: Path, mine: list[int]) -> None:
-        """The live file (sparse: this place's clients' rows only take space) and, on the main
-        place, room for a checkpoint's snapshot of every client's buffers."""
+    @property
+    def in_memory(self) -> bool:
+        """The buffers are a tensor in (GPU) memory, not the live file."""
+        return self._buffers is not None and self.path is None
+
+    def _open(self, folder: Path, device: torch.device) -> None:
+        """The buffers on `device` if they fit there, else the live file; on the main place,
+        room on the disk for a checkpoint's snapshot of every client's buffers."""
         each = self.rows * self.size * 4
-        need = len(mine) * each + (len(self.slot) * each if self.comm.is_main else 0)
-        free = shutil.disk_usage(path.parent).free
+        shape = (len(self.slot), self.rows, self.size)
+        live = len(self.slot) * each  # every slot, as the tensor is indexed by slot
+        if (memory := memory_for(device, live)) is not None:
+            self._buffers = torch.zeros(shape, device=memory)
+            live = 0
+        need = (len(self._mine) * each if live else 0) + (
+            len(self.slot) * each if self.comm.is_main else 0
+        )
+        free = shutil.disk_usage(folder).free
         if need > free:
+            self._buffers = None
             raise FedrcError(
                 f"train.persistent_momentum: {need / GB:.1f} GB of momentum buffers and their "
                 f"checkpoint ({len(self.slot)} clients × {self.rows} models × {self.size:,} "
-                f"parameters) do not fit in {path.parent} ({free / GB:.1f} GB free); free "
+                f"parameters) do not fit in {folder} ({free / GB:.1f} GB free); free "
                 "space, use fewer clients, or set persistent_momentum: false"
             )
-        self.path = path
-        shape = (len(self.slot), self.rows, self.size)
-        self._buffers = np.lib.format.open_memmap(path, "w+", np.float32, shape)
-        self._mine = set(mine)
+        if live:
+            self.path = folder / LIVE_FILE.format(rank=self.comm.rank)
+            memmap = np.lib.format.open_memmap(self.path, "w+", np.float32, shape)
+            self._buffers = torch.from_numpy(memmap)
 
     def attach(self, task: LocalTask, device: torch.device) -> None:
-        """Give `task` its client's buffer for its row (zeros the first time)."""
+        """Give `task` a copy of its client's buffer for its row (zeros the first time)."""
         if self.enabled:
             at = (self.slot[task.client], task.model)
             if self.present[at]:
-                task.momentum = torch.from_numpy(np.array(self._buffers[at])).to(device)
+                task.momentum = self._buffers[at].to(device, copy=True)
             else:
                 task.momentum = torch.zeros(self.size, device=device)
 
     def keep(self, task: LocalTask, result: LocalResult) -> None:
         if self.enabled and result.momentum is not None:
             at = (self.slot[task.client], task.model)
-            self._buffers[at] = result.momentum.detach().to("cpu", torch.float32).numpy()
+            self._buffers[at].copy_(result.momentum.detach())
             self.present[at] = True
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -94,7 +126,7 @@ class MomentumStore:
                 at = (self.slot[client], row)
                 if self.present[at]:
                     key = at[0] * self.rows + row
-                    yield key, lambda at=at: torch.from_numpy(np.array(self._buffers[at]))
+                    yield key, lambda at=at: self._buffers[at].to("cpu", copy=True)
 
     def save(self, path: Path) -> torch.Tensor:
         """Every place's buffers into one .npy at `path` (written by the main place, renamed
@@ -130,7 +162,7 @@ class MomentumStore:
                 for row, buffer in rows.items():
                     if client in self._mine:
                         at = (self.slot[client], row)
-                        self._buffers[at] = buffer.to(torch.float32).numpy()
+                        self._buffers[at].copy_(buffer)
                         self.present[at] = True
             return
         source = np.load(path, mmap_mode="r") if self.comm.is_main else None
@@ -141,10 +173,10 @@ class MomentumStore:
                 (self.size,),
             )
             if self.clients[at[0]] in self._mine:
-                self._buffers[at] = row.numpy()
+                self._buffers[at].copy_(row)
                 self.present[at] = True
 
     def close(self) -> None:
+        self._buffers = None
         if self.path is not None:
-            self._buffers = None
             self.path.unlink(missing_ok=True)

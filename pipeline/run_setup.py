@@ -137,6 +137,6 @@ def build_run(
     models = initial_models(executor, data, config, algorithm.num_rows)
     folder = out if config.persistent_momentum else None
     momentum = MomentumStore(
-        folder, data.participating, algorithm.num_rows, executor.num_trainable, comm
+        folder, data.participating, algorithm.num_rows, executor.num_trainable, comm, comm.device
     )
     return Run(config, data, comm, executor, algorithm, models, momentum, clients_factory(executor))

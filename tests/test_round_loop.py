@@ -214,3 +214,26 @@ def test_resume_without_the_momentum_snapshot_is_refused(tiny_data: Path, tmp_pa
     with pytest.raises(FedrcError, match=r"checkpoint-momentum-r1\.npy not found") as info:
         train_stage(replace(config, rounds=2), resume=True)
     assert "\n" not in str(info.value) and "--overwrite" in str(info.value)
+
+
+def test_momentum_kept_in_memory_trains_as_the_live_file_does(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffers as a tensor in memory (on a GPU, where they fit) are the live file's numbers,
+    through a checkpoint and a resume; no live file is written."""
+    extra = dict(algorithm="fedrc", persistent_momentum=True, estep="adam", participation=0.5)
+    on_disk = train_stage(tiny_config(tiny_data, tmp_path / "disk", **extra))
+    monkeypatch.setattr(momentum_module, "memory_for", lambda device, nbytes: CPU)
+    held = []
+    monkeypatch.setattr(momentum_module.MomentumStore, "close", lambda self: held.append(self))
+    half = tmp_path / "memory"
+    train_stage(tiny_config(tiny_data, half, **{**extra, "rounds": 2}))
+    train_stage(tiny_config(tiny_data, half, **extra), resume=True)
+    assert len(held) == 2 and all(s.in_memory and s.path is None for s in held)
+    assert not list(half.glob(".momentum-*"))
+    ours, theirs = rf.load_state(half / rf.MODEL), rf.load_state(on_disk / rf.MODEL)
+    assert torch.equal(ours["models"], theirs["models"])
+
+
+def test_momentum_stays_on_the_disk_off_a_gpu() -> None:
+    assert momentum_module.memory_for(CPU, 1) is None
