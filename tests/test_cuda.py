@@ -10,7 +10,9 @@ import pytest
 import torch
 from conftest import ALGORITHMS, PROXIMAL, assert_metrics_close
 
+from pipeline import momentum as momentum_module
 from pipeline import run_files as rf
+from pipeline.algorithms import BUILT_IN
 from pipeline.config import TrainConfig
 from pipeline.engine import BatchedExecutor
 from pipeline.models import build_model
@@ -32,7 +34,14 @@ def config(data: Path, out: Path, algorithm: str, **extra) -> TrainConfig:
     return make_config(data=str(data), algorithm=algorithm, out=str(out), **{**values, **extra})
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+BATCHABLE = [a for a in ALGORITHMS if not BUILT_IN[a].needs_sequential]  # not staged training
+
+
+def test_staged_algorithms_are_not_batched() -> None:
+    assert "fedccfa" not in BATCHABLE and "fedrc" in BATCHABLE
+
+
+@pytest.mark.parametrize("algorithm", BATCHABLE)
 def test_batched_on_cuda_matches_sequential_on_cuda(
     algorithm: str, tiny_data: Path, tmp_path: Path
 ) -> None:
@@ -76,3 +85,28 @@ def test_cuda_checkpoint_resumes_on_the_cpu(tiny_data: Path, tmp_path: Path) -> 
     rows = rf.read_metrics(out / rf.METRICS)
     assert [r["round"] for r in rows] == [1, 2]
     assert torch.isfinite(rf.load_state(out / rf.MODEL)["models"]).all()
+
+
+def test_persistent_momentum_stays_on_the_gpu(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffers kept on the GPU train as the live file does, through a checkpoint and a
+    resume, and write no live file."""
+    extra = dict(
+        device="cuda", executor="batched", chunk_clients=4, persistent_momentum=True, rounds=3
+    )
+    stores = []
+    keep = momentum_module.MomentumStore.close
+    monkeypatch.setattr(
+        momentum_module.MomentumStore,
+        "close",
+        lambda self: (stores.append(self.in_memory), keep(self)),
+    )
+    on_gpu = tmp_path / "gpu"
+    train_stage(config(tiny_data, on_gpu, "fedrc", **{**extra, "rounds": 2}))
+    train_stage(config(tiny_data, on_gpu, "fedrc", **extra), resume=True)
+    monkeypatch.setattr(momentum_module, "GPU_SHARE", 0.0)  # the live file, as before
+    on_disk = train_stage(config(tiny_data, tmp_path / "disk", "fedrc", **extra))
+    assert stores == [True, True, False]
+    ours, theirs = rf.load_state(on_gpu / rf.MODEL), rf.load_state(on_disk / rf.MODEL)
+    assert torch.allclose(ours["models"], theirs["models"], rtol=0, atol=1e-4)
