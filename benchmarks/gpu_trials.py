@@ -167,7 +167,9 @@ class Job:
         return None
 
     def start(self, phase: str, log: Path) -> None:
-        self.phase, self._read = phase, 0
+        # the log grows over the starts of this trial: read only what this start writes, so
+        # that a resumed training's first round is not timed from an earlier start's last line
+        self.phase, self._read = phase, log.stat().st_size if log.is_file() else 0
         if phase == "train":
             resume = (self.run / "checkpoint.pt").is_file()
             self.start_round = self.round = (checkpoint_round(self.run) or 0) if resume else 0

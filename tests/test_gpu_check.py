@@ -59,6 +59,31 @@ def test_a_run_that_fits_writes_no_checkpoint_before_its_end() -> None:
     assert checkpoint_every(0, 200, None, 4000, 25) == 25
 
 
+def test_a_restarted_training_is_timed_from_its_own_lines(tmp_path: Path) -> None:
+    """The log of a trial grows over its starts; a resumed training's first round must not be
+    timed from the last line an earlier start wrote (it read 13 s a round for 4.5 s on a GPU)."""
+    import time
+
+    from benchmarks.gpu_trials import Job, Trial
+
+    log = tmp_path / "fedrc-s0.log"
+    log.write_text("round 1/200  loss 1.6\nround 2/200  loss 1.6\nround 3/200  loss 1.6\n")
+    script = (  # a start-up of 1.2 s, then a round every 0.3 s
+        "import time\nfor r, s in ((4, 1.2), (5, 0.3), (6, 0.3)):\n"
+        "    time.sleep(s)\n    print(f'round {r}/200 ', flush=True)"
+    )
+    job = Job(Trial("fedrc", 0), tmp_path, dict(os.environ), 200, 25,
+              lambda resume, every: [sys.executable, "-c", script], lambda run, ft: [])  # fmt: skip
+    job.start("train", log)
+    while job.command.poll() is None:
+        job.watch(time.monotonic(), 1)
+        time.sleep(0.05)
+    job.watch(time.monotonic(), 1)
+    assert job.round == 6
+    assert [r.number for r in job.rounds_seen] == [5, 6]  # round 4's gap includes the start
+    assert all(r.gap_s < 1.0 for r in job.rounds_seen)
+
+
 def test_how_many_trials_at_once() -> None:
     from benchmarks.gpu_trials import how_many, keep_together
 
