@@ -35,10 +35,30 @@ def test_markdown_links_resolve_inside_the_repository() -> None:
 
 
 def test_nothing_refers_to_the_papers_folder_outside_the_repository() -> None:
-    outside = ("shared" + "/papers", "NOTES" + ".md")  # spelt apart: this file is tracked too
+    # spelt apart: this file is tracked too
+    outside = (
+        "shared" + "/papers",
+        "NOTES" + ".md",
+        "DESIGN" + ".md",
+        "STYLE" + ".md",
+        "../" + "shared",
+    )
     for path in tracked("*.md", "*.py", "*.yaml", "*.toml", "*.sh"):
         text = path.read_text()
         assert not any(name in text for name in outside), path
+
+
+def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:
+    """What `.ci/run` builds: a broken link, a missing page or an autorefs warning fails it
+    (not with `--quiet`, which hides the warnings that `--strict` counts)."""
+    pytest.importorskip("mkdocs")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "index.html").is_file()
 
 
 # A shell block right after this comment runs as written, in an empty folder, on tiny data.

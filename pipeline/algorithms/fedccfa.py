@@ -44,7 +44,8 @@ from pipeline.settings import Settings, require, setting
 
 @dataclass(frozen=True)
 class FedCCFASettings(Settings):
-    """The authors' defaults (configs/FedCCFA.yaml); `lr` and `local_epochs` do not apply."""
+    """The authors' defaults (their repository's configs/FedCCFA.yaml); `lr` and `local_epochs`
+    do not apply."""
 
     balanced_epochs: int = setting(
         5, "(b) epochs of the balanced classifier; 0 clusters those of (c) instead"
