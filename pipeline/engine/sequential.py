@@ -189,8 +189,8 @@ class SequentialExecutor:
                 self.optimizer.state[p]["momentum_buffer"] = buf.clone()
 
     def _batches(self, order: torch.Tensor) -> Iterator[torch.Tensor]:
-        """`order` cut into batches of `batch_size`; with `drop_last`, without the final
-        partial batch (unless there is only one batch, and it is partial)."""
+        """`order` cut into batches of `batch_size`; with `drop_last`, without a final partial
+        batch (a client with fewer samples than a batch keeps its one)."""
         n = order.numel()
         stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
         for s in range(0, stop, self.batch_size):
