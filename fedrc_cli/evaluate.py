@@ -24,6 +24,13 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
         # a missing or broken run is the stage's own one-line error, so check only a folder
         with writing("--run", *outputs, folder=False, check=os.path.isdir(run)):
             result = stages.eval_stage(config)
+    console.print(accuracy_table(result))
+    print_purity_and_steps(result)
+    console.print(f"Wrote {config.run}/eval.json and eval_clients.json")
+
+
+def accuracy_table(result: dict[str, Any]) -> Table:
+    """Local and global accuracy at the best-train round, the last round and the best global."""
     tuned = ", fine-tuned" if result["finetune"] else ""
     table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")
     table.add_column("")
@@ -55,7 +62,12 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
         "",
         f"{result['max_global_accuracy']:.4f}",
     )
-    console.print(table)
+    return table
+
+
+def print_purity_and_steps(result: dict[str, Any]) -> None:
+    """Accuracy by concept, the rule for unlabeled new clients, concept and label purity, and a
+    drifting run's table over its time steps."""
     by_concept = ", ".join(f"{k} {v:.3f}" for k, v in result["global_accuracy_by_concept"].items())
     console.print(f"global accuracy by concept (best round): {by_concept}")
     if "unlabeled_rule" in result:
@@ -66,7 +78,6 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
     console.print(f"label purity: {'n/a (one model)' if labels is None else f'{labels:.3f}'}")
     if "over_time" in result:
         console.print(step_table(result["over_time"]))
-    console.print(f"Wrote {config.run}/eval.json and eval_clients.json")
 
 
 def _shown(value: float | None, digits: int = 3) -> str:

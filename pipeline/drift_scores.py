@@ -71,37 +71,56 @@ def over_time(
         if first > rounds:  # a run stopped before this step (to be resumed)
             break
         end = by_round.get(last, {})
-        at = manifest.at_step(t)
         entry: dict[str, Any] = {
             "step": t,
             "rounds": [first, last],
             "local_accuracy": end.get(prefix + "local_accuracy"),
             "global_accuracy": end.get(prefix + "global_accuracy"),
             "next_accuracy": end.get(f"next_{prefix}local_accuracy"),
-            "concept_purity": None,
+            "concept_purity": purity_at(assignments, last, manifest.at_step(t)),
             "drifted_clients": int((schedule[t] != schedule[t - 1]).sum()) if t else 0,
         }
-        found = omega_at(assignments, last)
-        if found is not None:
-            omega, concepts = found
-            part = np.asarray(at.participating)
-            sizes = np.asarray([c.train_size for c in at.clients], dtype=float)
-            entry["concept_purity"] = concept_purity(omega[part], concepts[part], sizes[part])
-        if t and entry["drifted_clients"]:
-            previous = by_round.get(step_rounds(t - 1, rounds_per_step, rounds, steps_count)[1], {})
-            before = previous.get(prefix + "drifting_accuracy")
-            after = previous.get(f"next_{prefix}drifted_accuracy")
-            entry["accuracy_before_drift"], entry["accuracy_after_drift"] = before, after
-            entry["recovery_rounds"] = None
-            if before is not None and after is not None:
-                inside = [by_round[r] for r in range(first, last + 1) if r in by_round]
-                key = prefix + "drifted_accuracy"
-                entry["recovery_rounds"] = recovery(inside, first, before, after, key)
+        if entry["drifted_clients"]:
+            before_last = step_rounds(t - 1, rounds_per_step, rounds, steps_count)[1]
+            entry |= drift_recovery(by_round, before_last, (first, last), prefix)
         steps.append(entry)
+    return {"time_steps": steps_count, "rounds_per_step": rounds_per_step, **averages(steps)}
+
+
+def purity_at(assignments: pa.Table, round_: int, at: Manifest) -> float | None:
+    """Concept purity of ω at an evaluated round over the participating clients (None: the
+    round was not evaluated)."""
+    found = omega_at(assignments, round_)
+    if found is None:
+        return None
+    omega, concepts = found
+    part = np.asarray(at.participating)
+    sizes = np.asarray([c.train_size for c in at.clients], dtype=float)
+    return concept_purity(omega[part], concepts[part], sizes[part])
+
+
+def drift_recovery(
+    by_round: dict[int, dict[str, Any]], before_last: int, rounds: tuple[int, int], prefix: str
+) -> dict[str, Any]:
+    """The drifted clients' accuracy before and after a drift, and the rounds they took to
+    recover within the step's `rounds` (first, last); `before_last`: the previous step's
+    last round."""
+    previous = by_round.get(before_last, {})
+    before = previous.get(prefix + "drifting_accuracy")
+    after = previous.get(f"next_{prefix}drifted_accuracy")
+    scores = {"accuracy_before_drift": before, "accuracy_after_drift": after}
+    if before is None or after is None:
+        return scores | {"recovery_rounds": None}
+    first, last = rounds
+    inside = [by_round[r] for r in range(first, last + 1) if r in by_round]
+    key = prefix + "drifted_accuracy"
+    return scores | {"recovery_rounds": recovery(inside, first, before, after, key)}
+
+
+def averages(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The means over the steps and over the drifts, then the steps themselves."""
     drifts = [s for s in steps if s["drifted_clients"]]
     return {
-        "time_steps": steps_count,
-        "rounds_per_step": rounds_per_step,
         "recovery_margin": RECOVERY_MARGIN,
         "mean_local_accuracy": _mean([s["local_accuracy"] for s in steps]),
         "mean_next_accuracy": _mean([s["next_accuracy"] for s in steps]),

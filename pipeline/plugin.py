@@ -3,14 +3,22 @@
     from pipeline.plugin import Algorithm, LocalTask, Settings, require, setting
 
 Everything a plugin needs is named here, and these names stay where they are when fedrc's
-internals move; docs/plugins.md walks through a plugin package that imports only from here.
+internals move; docs/plugins.md walks through a plugin package that imports only from here and
+names every export. A mixture built on FedEM also finds FedRC's variants here, each a settings
+dataclass with a step part and/or an algorithm part to list among its bases: the Adam E-step
+(`EStepSettings`, `AdamEStep`), adaptive K (`AdaptiveKSettings`, `AdaptiveKStep`,
+`AdaptiveK`), hard training (`HardTrainSettings`, `HardTrainStep`), table noise
+(`TableNoiseSettings`, `TableNoise`) and the shared body (`SharedBodySettings`, `SharedBody`).
 """
 
 from __future__ import annotations
 
+from pipeline.algorithms.adam_estep import AdamEStep, EStepSettings
+from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKSettings, AdaptiveKStep
 from pipeline.algorithms.base import Algorithm, HardClustering
 from pipeline.algorithms.client import (
     ClientStep,
+    Upload,
     hard_gamma,
     lowest_loss,
     mean_omega,
@@ -19,6 +27,9 @@ from pipeline.algorithms.client import (
     soft_tasks,
 )
 from pipeline.algorithms.fedem import FedEM, FedEMStep
+from pipeline.algorithms.hard_train import HardTrainSettings, HardTrainStep
+from pipeline.algorithms.shared_body import SharedBody, SharedBodySettings
+from pipeline.algorithms.table_noise import TableNoise, TableNoiseSettings
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask, Stage
@@ -27,20 +38,32 @@ from pipeline.models import ModelSpec
 from pipeline.settings import Settings, positive, require, setting
 
 __all__ = [
+    "AdamEStep",
+    "AdaptiveK",
+    "AdaptiveKSettings",
+    "AdaptiveKStep",
     "Algorithm",
     "ClientStep",
     "DatasetSpec",
+    "EStepSettings",
     "FedEM",
     "FedEMStep",
     "FedrcError",
     "HardClustering",
+    "HardTrainSettings",
+    "HardTrainStep",
     "LocalResult",
     "LocalTask",
     "ModelSpec",
     "RawDataset",
     "RowStore",
     "Settings",
+    "SharedBody",
+    "SharedBodySettings",
     "Stage",
+    "TableNoise",
+    "TableNoiseSettings",
+    "Upload",
     "hard_gamma",
     "lowest_loss",
     "mean_omega",

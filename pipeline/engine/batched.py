@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,19 @@ from pipeline.engine.task import Job, LocalResult, LocalTask
 CPU_CHUNK = 32  # tasks per chunk on the CPU, where batching is only for tests and comparisons
 GPU_INFERENCE_CHUNK = 2048  # images per vmapped inference pass on a GPU
 MEMORY_SHARE = 0.5  # of the free GPU memory that the automatic chunk size plans to use
+
+
+class Pool(NamedTuple):
+    """A chunk's data on the device (`BatchedExecutor._pool`)."""
+
+    images: torch.Tensor  # uint8, the rows of every distinct client one after another
+    labels: torch.Tensor
+    weights: torch.Tensor  # every task's weights one after another
+    offsets: torch.Tensor | None  # every task's logit offsets (zeros for a task without)
+    bases: torch.Tensor  # (2, tasks): each task's first image row and first weight row
+
+
+Group = tuple[int, torch.Tensor, torch.Tensor]  # batch length L, task ids (G,), positions (G, L)
 
 
 class BatchedExecutor(SequentialExecutor):
@@ -154,7 +168,7 @@ class BatchedExecutor(SequentialExecutor):
                 raise NonFiniteLoss(str(e), done + e.index, chunk[e.index]) from None
             done += len(chunk)
 
-    def _schedule(self, jobs: list[Job]):
+    def _schedule(self, jobs: list[Job]) -> tuple[list[list[Group]], torch.Tensor]:
         """The batches of every task, grouped per global step, built on the host.
 
         Returns one list per step of (batch length L, task ids (G,), sample positions (G, L)
@@ -163,12 +177,9 @@ class BatchedExecutor(SequentialExecutor):
         per_task = []
         for _, _, labels, seed in jobs:
             gen = torch.Generator().manual_seed(seed)  # as in SequentialExecutor.train
-            n, b = labels.shape[0], self.batch_size
-            stop = n - n % b if self.drop_last and n >= b else n
             batches = []
             for _ in range(self.local_epochs):
-                order = torch.randperm(n, generator=gen)
-                batches += [order[s : min(s + b, stop)] for s in range(0, stop, b)]
+                batches += self._batches(torch.randperm(labels.shape[0], generator=gen))
             per_task.append(batches)
         steps = []
         mask = torch.zeros(max(map(len, per_task)), len(jobs), dtype=torch.bool)
@@ -186,11 +197,10 @@ class BatchedExecutor(SequentialExecutor):
             )
         return steps, mask
 
-    def _pool(self, jobs: list[Job]):
+    def _pool(self, jobs: list[Job]) -> Pool:
         """The chunk's data once on the device: the images and labels of each distinct client
         (K tasks of one client share them), and every task's weights and logit offsets
-        one after another. Returns the tensors and each task's first image row and first
-        weight row."""
+        one after another, with each task's first image row and first weight row."""
         images, labels, where, image_base, weight_base = [], [], {}, [], []
         rows = weights = 0
         for _, x, y, _ in jobs:
@@ -219,7 +229,7 @@ class BatchedExecutor(SequentialExecutor):
         x = torch.cat(images).to(self.device)
         y = torch.cat(labels).to(self.device)
         bases = torch.tensor([image_base, weight_base]).to(self.device)
-        return x, y, w, offsets, bases
+        return Pool(x, y, w, offsets, bases)
 
     def _stack(self, rows: list[torch.Tensor]) -> list[torch.Tensor]:
         """(trainable,) rows → per-parameter stacked tensors (T, *shape)."""
@@ -229,76 +239,96 @@ class BatchedExecutor(SequentialExecutor):
         ]
 
     def _train_chunk(self, jobs: list[Job]) -> list[LocalResult]:
+        """Local SGD of a chunk's tasks at once, one global step at a time (the module's
+        docstring: batches, sizes, masking)."""
         tasks = [job[0] for job in jobs]
         if any(t.stages or t.prototypes for t in tasks):  # the algorithm's `needs_sequential`
             raise ValueError("the batched executor does not run staged tasks (LocalTask.stages)")
-        count, dev = len(jobs), self.device
-        x_pool, y_pool, w_pool, o_pool, bases = self._pool(jobs)
+        pool = self._pool(jobs)
         steps, mask = self._schedule(jobs)
-        # One transfer of the whole schedule; the loop below only slices it on the device.
-        flat_ids = [ids for step in steps for _, ids, _ in step]
-        flat_pos = [pos.reshape(-1) for step in steps for _, _, pos in step]
-        ids_dev = torch.cat(flat_ids).to(dev)
-        pos_dev = torch.cat(flat_pos).to(dev)
-        mask_dev = mask.to(dev)
-
-        params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(dev))
+        groups_per_step, mask_dev = self._on_device(steps), mask.to(self.device)
+        params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(self.device))
         params, buffers = list(params.values()), list(buffers.values())
-        bufs = None
-        if self.momentum != 0:  # a fresh buffer is zero: 0·m + d = d, torch's first step exactly
-            zero = torch.zeros(self.num_trainable, device=dev)
-            bufs = self._stack([zero if t.momentum is None else t.momentum for t in tasks])
-        prox = [t.anchor is not None and t.mu != 0 for t in tasks]
-        anchors = mus = None
-        if any(prox):
-            anchors = self._stack([t.anchor if p else t.start for t, p in zip(tasks, prox)])
-            mus = torch.tensor([t.mu if p else 0.0 for t, p in zip(tasks, prox)], device=dev)
-
+        bufs = self._momentum_start(tasks)
+        anchors, mus = self._proximal(tasks)
         self.model.train()
-        names, bnames = self.param_names, self.buffer_names
-
-        def loss(p, b, x, y, w, o):
-            out = functional_call(self.model, (dict(zip(names, p)), dict(zip(bnames, b))), (x,))
-            if o is not None:
-                out = out + o
-            return (w * F.cross_entropy(out.float(), y, reduction="none")).sum()
-
-        with_offset = vmap(loss, randomness="different")
-        without = vmap(loss, in_dims=(0, 0, 0, 0, 0, None), randomness="different")
-        total = torch.zeros(count, dtype=torch.float64, device=dev)
-        at_ids = at_pos = 0
-        for j, step in enumerate(steps):
+        in_dims = (0, 0, 0, 0, 0, None if pool.offsets is None else 0)
+        loss = vmap(self._task_loss, in_dims=in_dims, randomness="different")
+        total = torch.zeros(len(jobs), dtype=torch.float64, device=self.device)
+        for j, groups in enumerate(groups_per_step):
             leaves = [p.detach().requires_grad_() for p in params]
             objective = 0.0
-            for length, ids, _ in step:
-                size = ids.numel()
-                ids_d = ids_dev[at_ids : at_ids + size]
-                pos = pos_dev[at_pos : at_pos + size * length].view(size, length)
-                at_ids, at_pos = at_ids + size, at_pos + size * length
-                full = size == count  # every task, in order
-                p_g = leaves if full else [p[ids_d] for p in leaves]
-                b_g = buffers if full else [b[ids_d] for b in buffers]
-                rows = pos + bases[0, ids_d, None]  # into the image pool
-                cols = pos + bases[1, ids_d, None]  # into the weights and offsets
-                x, y, w = as_input(x_pool[rows]), y_pool[rows], w_pool[cols]
-                with self.autocast():
-                    if o_pool is None:
-                        weighted = without(p_g, b_g, x, y, w, None)
-                    else:
-                        weighted = with_offset(p_g, b_g, x, y, w, o_pool[cols])
-                if not full:  # the running statistics this group's forward updated
-                    for b, new in zip(buffers, b_g):
-                        b.index_copy_(0, ids_d, new)
-                total.index_add_(0, ids_d, weighted.detach().double())
-                objective = objective + (weighted / length).sum()
+            for group in groups:
+                objective = objective + self._group_objective(
+                    loss, leaves, buffers, group, pool, total
+                )
             grads = torch.autograd.grad(objective, leaves, allow_unused=True)
             masked = None if bool(mask[j].all()) else mask_dev[j]
             params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked)
+        _raise_if_not_finite(total)  # one check per chunk, not per step
+        return self._results(tasks, params, buffers, bufs, total)
 
-        bad = ~torch.isfinite(total)  # one check per chunk, not per step
-        if bool(bad.any()):
-            index = int(bad.nonzero()[0])
-            raise NonFiniteLoss(f"local loss {float(total[index])}", index=index)
+    def _on_device(self, steps: list[list[Group]]) -> list[list[Group]]:
+        """The whole schedule's task ids and positions moved to the device at once, before the
+        loop: the loop only slices them there."""
+        groups = [group for step in steps for group in step]
+        ids = torch.cat([g[1] for g in groups]).to(self.device)
+        positions = torch.cat([g[2].reshape(-1) for g in groups]).to(self.device)
+        ids = ids.split([g[1].numel() for g in groups])
+        positions = positions.split([g[2].numel() for g in groups])
+        moved = iter([(g[0], i, p.view(g[2].shape)) for g, i, p in zip(groups, ids, positions)])
+        return [[next(moved) for _ in step] for step in steps]
+
+    def _momentum_start(self, tasks: list[LocalTask]) -> list[torch.Tensor] | None:
+        """Stacked momentum buffers: the task's own, or zeros (0·m + d = d, torch's first
+        step exactly); None when SGD has no momentum."""
+        if self.momentum == 0:
+            return None
+        zero = torch.zeros(self.num_trainable, device=self.device)
+        return self._stack([zero if t.momentum is None else t.momentum for t in tasks])
+
+    def _proximal(self, tasks: list[LocalTask]) -> tuple[list | None, torch.Tensor | None]:
+        """Stacked proximal anchors and each task's μ (0 for a task without a pull); None,
+        None when no task has one."""
+        prox = [t.anchor is not None and t.mu != 0 for t in tasks]
+        if not any(prox):
+            return None, None
+        anchors = self._stack([t.anchor if p else t.start for t, p in zip(tasks, prox)])
+        mus = torch.tensor([t.mu if p else 0.0 for t, p in zip(tasks, prox)], device=self.device)
+        return anchors, mus
+
+    def _task_loss(self, p, b, x, y, w, o):
+        """One task's Σ w·f on its batch, the function vmapped over a group's tasks."""
+        state = (dict(zip(self.param_names, p)), dict(zip(self.buffer_names, b)))
+        out = functional_call(self.model, state, (x,))
+        if o is not None:
+            out = out + o
+        return (w * F.cross_entropy(out.float(), y, reduction="none")).sum()
+
+    def _group_objective(
+        self, loss, leaves, buffers, group: Group, pool: Pool, total: torch.Tensor
+    ) -> torch.Tensor:
+        """The forward pass of one group's tasks (one batch length) at a step: adds each task's
+        Σ w·f to `total` and returns the group's part of the objective, Σ over tasks of
+        Σ w·f / L. A group of only some tasks writes their BatchNorm statistics back."""
+        length, ids, pos = group
+        full = ids.numel() == total.numel()  # every task of the chunk, in order
+        p_g = leaves if full else [p[ids] for p in leaves]
+        b_g = buffers if full else [b[ids] for b in buffers]
+        rows = pos + pool.bases[0, ids, None]  # into the image pool
+        cols = pos + pool.bases[1, ids, None]  # into the weights and offsets
+        x, y, w = as_input(pool.images[rows]), pool.labels[rows], pool.weights[cols]
+        with self.autocast():
+            offsets = None if pool.offsets is None else pool.offsets[cols]
+            weighted = loss(p_g, b_g, x, y, w, offsets)
+        if not full:  # the running statistics this group's forward updated
+            for b, new in zip(buffers, b_g):
+                b.index_copy_(0, ids, new)
+        total.index_add_(0, ids, weighted.detach().double())
+        return (weighted / length).sum()
+
+    def _results(self, tasks, params, buffers, bufs, total) -> list[LocalResult]:
+        """Each task's trained flat vector, loss sum and, when it brought one, momentum."""
         trained = self._flatten([p.detach() for p in params] + buffers)
         sums = total.tolist()
         momentum = self._flatten(bufs) if bufs is not None else None
@@ -306,7 +336,7 @@ class BatchedExecutor(SequentialExecutor):
         for t, task in enumerate(tasks):
             m = None
             if task.momentum is not None:  # momentum 0: torch.optim.SGD leaves the buffer be
-                m = momentum[t] if momentum is not None else task.momentum.to(dev).clone()
+                m = momentum[t] if momentum is not None else task.momentum.to(self.device).clone()
             out.append(LocalResult(trained[t], sums[t], m))
         return out
 
@@ -376,3 +406,11 @@ class BatchedExecutor(SequentialExecutor):
             for h in handles:
                 h.remove()
         return count[0]
+
+
+def _raise_if_not_finite(total: torch.Tensor) -> None:
+    """`NonFiniteLoss` for the first task whose loss sum is not finite."""
+    bad = ~torch.isfinite(total)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0])
+        raise NonFiniteLoss(f"local loss {float(total[index])}", index=index)

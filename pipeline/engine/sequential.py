@@ -165,47 +165,70 @@ class SequentialExecutor:
         """
         if task.stages:
             return self.train_staged(task, images, labels, seed)
+        self._start(task)
+        anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
+        gen = torch.Generator().manual_seed(seed)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for _ in range(self.local_epochs):
+            order = torch.randperm(labels.shape[0], generator=gen).to(self.device)
+            for idx in self._batches(order):
+                total += self._sgd_step(task, images, labels, idx, anchor)
+        loss_sum = float(total)
+        if not torch.isfinite(total):
+            raise NonFiniteLoss(f"local loss {loss_sum}")
+        return LocalResult(self.flatten(), loss_sum, self._momentum_of(task))
+
+    def _start(self, task: LocalTask) -> None:
+        """The model at the task's start in training mode; SGD's momentum fresh, or the
+        task's buffer."""
         self.load(task.start)
         self.model.train()
         self.optimizer.state.clear()
         if task.momentum is not None:
             for p, buf in zip(self.params, self._views(task.momentum)):
                 self.optimizer.state[p]["momentum_buffer"] = buf.clone()
-        anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
-        weights, offset = task.weights, task.offset
-        gen = torch.Generator().manual_seed(seed)
-        n = labels.shape[0]
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(self.local_epochs):
-            order = torch.randperm(n, generator=gen).to(self.device)
-            stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
-            for s in range(0, stop, self.batch_size):
-                idx = order[s : min(s + self.batch_size, stop)]
-                out = self.forward(images[idx])
-                if offset is not None:
-                    out = out + offset[idx]
-                per_sample = F.cross_entropy(out, labels[idx], reduction="none")
-                weighted = (weights[idx] * per_sample).sum()
-                self.optimizer.zero_grad(set_to_none=True)
-                (weighted / idx.numel()).backward()
-                if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
-                    with torch.no_grad():
-                        for p, a in zip(self.params, anchor):
-                            p.grad.add_(p - a, alpha=task.mu)
-                self.optimizer.step()
-                total += weighted.detach()
-        loss_sum = float(total)
-        if not torch.isfinite(total):
-            raise NonFiniteLoss(f"local loss {loss_sum}")
-        momentum = None
-        if task.momentum is not None:
-            momentum = torch.cat(
-                [
-                    self.optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
-                    for p in self.params
-                ]
-            )
-        return LocalResult(self.flatten(), loss_sum, momentum)
+
+    def _batches(self, order: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`order` cut into batches of `batch_size`; with `drop_last`, without a final partial
+        batch (a client with fewer samples than a batch keeps its one)."""
+        n = order.numel()
+        stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
+        for s in range(0, stop, self.batch_size):
+            yield order[s : min(s + self.batch_size, stop)]
+
+    def _sgd_step(
+        self,
+        task: LocalTask,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        idx: torch.Tensor,
+        anchor: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """One SGD step on the batch of rows `idx`; returns its Σ w·f, detached."""
+        out = self.forward(images[idx])
+        if task.offset is not None:
+            out = out + task.offset[idx]
+        per_sample = F.cross_entropy(out, labels[idx], reduction="none")
+        weighted = (task.weights[idx] * per_sample).sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        (weighted / idx.numel()).backward()
+        if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
+            with torch.no_grad():
+                for p, a in zip(self.params, anchor):
+                    p.grad.add_(p - a, alpha=task.mu)
+        self.optimizer.step()
+        return weighted.detach()
+
+    def _momentum_of(self, task: LocalTask) -> torch.Tensor | None:
+        """The flat momentum buffer to hand back when the task brought one (None otherwise)."""
+        if task.momentum is None:
+            return None
+        return torch.cat(
+            [
+                self.optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
+                for p in self.params
+            ]
+        )
 
     # --- staged training (LocalTask.stages; task.py's docstring) ---------------------------
     def trains(self, stage: Stage) -> list[bool]:
@@ -283,12 +306,9 @@ class SequentialExecutor:
         anchors = task.class_anchors if stage.align > 0 else None
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         objective = torch.zeros((), dtype=torch.float64, device=self.device)
-        n = rows.numel()
         for _ in range(stage.epochs):
-            order = rows[torch.randperm(n, generator=gen).to(self.device)]
-            stop = n - n % self.batch_size if self.drop_last and n >= self.batch_size else n
-            for s in range(0, stop, self.batch_size):
-                idx = order[s : min(s + self.batch_size, stop)]
+            order = rows[torch.randperm(rows.numel(), generator=gen).to(self.device)]
+            for idx in self._batches(order):
                 features.clear()
                 out = self.forward(images[idx])
                 if task.offset is not None:

@@ -1,6 +1,7 @@
-"""A Flower deployment on this machine, for tests, benchmarks and a first try: one SuperLink and
-N SuperNodes as separate processes on 127.0.0.1 (insecure mode, free ports), runs started with
-`flwr run`, every process stopped at the end (`with LocalDeployment(folder, node_configs):`).
+"""A Flower deployment on this machine, for tests, benchmarks and a first try (docs/flower.md,
+"From Python, for a first try"): one SuperLink and N SuperNodes as separate processes on
+127.0.0.1 (insecure mode, free ports), runs started with `flwr run`, every process stopped at
+the end (`with LocalDeployment(folder, node_configs):`).
 A subclass changes how the processes and the CLI authenticate by overriding the `*_security`
 methods (tests/flower/secure.py: TLS and node authentication).
 
