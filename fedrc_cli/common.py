@@ -101,19 +101,37 @@ def fedrc_warnings() -> Iterator[None]:
 
 
 @contextmanager
+def _file_size_limit() -> Iterator[None]:
+    """A write past the file-size limit (`ulimit -f`: EFBIG; Python ignores SIGXFSZ, which
+    would kill it) is a FedrcError naming the file: the writes go through temporary paths, so
+    nothing is half-written."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        where = shown(os.fsdecode(e.filename)) if e.filename else "an output file"
+        raise FedrcError(
+            f"{where}: file too large for the file-size limit (ulimit -f); raise the limit "
+            "(earlier outputs are left as they were)"
+        ) from None
+
+
+@contextmanager
 def user_errors() -> Iterator[None]:
     """Problems a user can fix become one red line on stderr; bugs keep their traceback;
     warnings a user should read are one yellow line (`fedrc_warnings`).
 
-    A FedrcError exits with 2, a full disk or GPU memory with 1, Ctrl-C with 130 and SIGTERM
-    with 143: every stage writes through a temporary path, so what was there stays intact.
+    A FedrcError or a file-size limit exits with 2, a full disk or GPU memory with 1, Ctrl-C
+    with 130 and SIGTERM with 143: every stage writes through a temporary path, so what was
+    there stays intact.
     """
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM alone
         previous = None
     try:
-        with fedrc_warnings():
+        with fedrc_warnings(), _file_size_limit():
             yield
     except FedrcError as e:
         if launched():  # every rank leaves with this error: see `leaving_with_error`

@@ -1181,3 +1181,47 @@ def test_terminated_then_killed_training_resumes_to_identical_numbers(here: Path
     ours, theirs = rf.load_state(here / "part" / "model.pt"), rf.load_state(ref / "model.pt")
     for key in ("models", "omega"):
         assert torch.equal(ours[key], theirs[key]), key
+
+
+def limited(size: int) -> Callable[[], None]:
+    """`ulimit -f` for a child: a write past `size` bytes fails with EFBIG (Python ignores the
+    SIGXFSZ that would otherwise kill it)."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+
+    return apply
+
+
+FILE_SIZE_CASES = {  # command, the file-size limit in bytes, the file it stops at
+    "partition": (["partition", *options(PART), "--out", "big"], 8_000, "big/shards/client-"),
+    "train": (["train", *RUN_R, "--rounds", "2", "--out", "big"], 100_000, "big/checkpoint.pt"),
+    "eval": (["eval", "--run", "r"], 1, "r/eval"),
+    "plot": (["plot", "--run", "r", "--dpi", "30"], 1, "r/plots/cluster_map.png"),
+    "report": (["report", "r", "--out", "big/today"], 1, "big/today/"),
+}
+
+
+@pytest.mark.parametrize("command", list(FILE_SIZE_CASES))
+def test_a_file_size_limit_names_the_file_and_leaves_outputs_alone(here: Path, command) -> None:
+    args, size, culprit = FILE_SIZE_CASES[command]
+    before = snapshot(here)
+    proc = subprocess.run(
+        cli(*args),
+        cwd=here,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=limited(size),
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"Error: {culprit}"), lines[0]
+    assert "file too large for the file-size limit" in lines[0], lines[0]
+    after = snapshot(here)
+    if command == "train":  # stopped before its first checkpoint: restartable, nothing torn
+        assert {k for k in after if k not in before and k.startswith("big/.")} == set()
+        after = {k: v for k, v in after.items() if not k.startswith("big")}
+    assert after == before
