@@ -254,6 +254,30 @@ def test_more_clusters_than_clients_is_a_one_line_warning(here: Path) -> None:
     assert result.exit_code == 0 and not stderr_lines(result), result.output
 
 
+@pytest.mark.parametrize("clusters", ["100000", "5000"])
+def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, clusters) -> None:
+    """K models that cannot fit are refused before any is built: 100,000 would fail in torch's
+    allocator, 5,000 would grow until the system kills the process (here: 4 GiB free)."""
+    import pipeline.run_setup as run_setup
+
+    monkeypatch.setattr(run_setup, "available_memory", lambda device: 4 * 2**30)
+    before = snapshot(here)
+    line = refused(invoke("train", *TRAIN, "--clusters", clusters, "--out", "k"), "--clusters")
+    assert f"{clusters} models of" in line and "4.0 GiB are free on cpu" in line
+    assert snapshot(here) == before  # no run folder
+
+
+def test_running_out_of_memory_is_one_line(here: Path, monkeypatch) -> None:
+    import pipeline.run_setup as run_setup
+
+    def refused_allocation(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8")
+
+    monkeypatch.setattr(run_setup, "build_algorithm", refused_allocation)
+    line = refused(invoke("train", *TRAIN, "--out", "k"), "out of memory", code=1)
+    assert "--clusters" in line
+
+
 def read_only_statvfs(path):
     return types.SimpleNamespace(f_flag=os.ST_RDONLY)
 
