@@ -326,19 +326,32 @@ PLAIN = (int, float, str, bool, dict, list)
 
 
 def check_algorithm(path: Path, value: Any, reference: dict[str, Any]) -> dict[str, Any]:
-    """The algorithm's state: the keys a fresh algorithm has, its tensors' shapes and kinds."""
+    """The algorithm's state: the keys a fresh algorithm has, all of them (one left at its
+    initial value would change the numbers silently), its tensors' shapes and kinds, and the
+    exact type of the others (a generator's state, a mask, indices)."""
     if not isinstance(value, dict):
         raise FedrcError(f"{path}: algorithm: expected a mapping, got {_described(value)}")
     unknown = sorted(set(value) - set(reference), key=str)
-    if unknown:  # a key a file of an older fedrc lacks keeps its initial value, as before
+    if unknown:
         raise FedrcError(
             f"{path}: algorithm: unknown keys {unknown} (this algorithm has {sorted(reference)})"
+        )
+    missing = sorted(set(reference) - set(value), key=str)
+    if missing:
+        raise FedrcError(
+            f"{path}: algorithm.{missing[0]}: missing (the file was written by an older fedrc "
+            "or edited; train the run again)"
         )
     for key, held in value.items():
         fresh = reference[key]
         if isinstance(fresh, torch.Tensor):
             floating = fresh.is_floating_point()
             check_tensor(path, f"algorithm.{key}", held, fresh.shape, "", floating)
+            if not floating and held.dtype != fresh.dtype:
+                raise FedrcError(
+                    f"{path}: algorithm.{key}: expected a "
+                    f"{str(fresh.dtype).removeprefix('torch.')} tensor, got {_described(held)}"
+                )
             continue
         kinds = (type(fresh), type(held))
         if type(fresh) in PLAIN and kinds[1] is not kinds[0] and kinds != (float, int):

@@ -129,6 +129,16 @@ def edit_state(rel: str, **changes) -> Callable[[Path], None]:
     return go
 
 
+def without(key: str) -> Callable[[dict], dict]:
+    """The algorithm state less `key`."""
+    return lambda state: {k: v for k, v in state["algorithm"].items() if k != key}
+
+
+def retyped(key: str, dtype: torch.dtype) -> Callable[[dict], dict]:
+    """The algorithm state with the tensor `key` of another type."""
+    return lambda state: {**state["algorithm"], key: state["algorithm"][key].to(dtype)}
+
+
 def unsealed(rel: str) -> Callable[[Path], None]:
     """The same state written by plain torch.save: its seal is gone."""
     return lambda root: torch.save(rf.load_state(root / rel), root / rel)
@@ -659,6 +669,30 @@ CASES = [
         RESUME,
         edit_state("r/checkpoint.pt", algorithm=lambda s: {**s["algorithm"], "evil": 1}),
         ["r/checkpoint.pt: algorithm: unknown keys ['evil']"],
+    ),
+    (
+        "t-resume-algorithm-missing",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=without("noise_state")),
+        ["r/checkpoint.pt: algorithm.noise_state: missing"],
+    ),
+    (
+        "t-resume-algorithm-dtype",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=retyped("noise_state", torch.int64)),
+        ["r/checkpoint.pt: algorithm.noise_state: expected a uint8 tensor", "int64"],
+    ),
+    (
+        "e-algorithm-missing",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", algorithm=without("adam")),
+        ["r/model.pt: algorithm.adam: missing"],
+    ),
+    (
+        "e-algorithm-dtype",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", algorithm=retyped("active", torch.int64)),
+        ["r/model.pt: algorithm.active: expected a bool tensor", "int64"],
     ),
     (
         "t-resume-rng",
