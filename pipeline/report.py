@@ -149,13 +149,86 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or _number(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _require(path: Path, key: str, value: Any, ok: bool, expected: str) -> None:
+    if not ok:
+        shown = f"{type(value).__name__} {value!r}"[:60]
+        where = f"{path}: {key}" if key else str(path)
+        raise FedrcError(f"{where}: expected {expected}, got {shown} (edited since?)")
+
+
+def check_result(path: Path, result: dict[str, Any]) -> None:
+    """The fields of eval.json that the report reads: present and of their types."""
+    required = [key for stem, key in METRICS.items() if stem not in OPTIONAL]
+    missing = [k for k in (*required, *EVAL_KEYS, "best_round") if k not in result]
+    if missing:
+        raise FedrcError(f"{path}: not a fedrc eval result (no {missing[0]})")
+    for stem, key in METRICS.items():
+        ok = _number_or_none if stem in OPTIONAL else _number
+        _require(path, key, result.get(key), ok(result.get(key)), "a number")
+    prediction, finetune = result["prediction"], result["finetune"]
+    _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")
+    _require(path, "finetune", finetune, isinstance(finetune, bool), "true or false")
+    best = result["best_round"]
+    _require(path, "best_round", best, _count(best) and best >= 1, "a round")
+    if "over_time" in result:
+        check_over_time(path, result["over_time"])
+
+
+def check_over_time(path: Path, over: Any) -> None:
+    """eval.json's `over_time` (a drifting benchmark): the numbers the drift table reads."""
+    _require(path, "over_time", over, isinstance(over, dict), "a mapping")
+    means = [*OVER_TIME.values(), "mean_recovery_rounds", "mean_concept_purity"]
+    for key in means:
+        value = over.get(key)
+        _require(path, f"over_time.{key}", value, _number_or_none(value), "a number or null")
+    for key in ("unrecovered_drifts", "time_steps"):
+        _require(path, f"over_time.{key}", over.get(key), _count(over.get(key)), "a count")
+    steps = over["steps"] if isinstance(over.get("steps"), list) else None
+    ok = steps is not None and len(steps) >= over["time_steps"] - 1
+    _require(path, "over_time.steps", over.get("steps"), ok, "an entry per time step")
+    for t, step in enumerate(steps or []):
+        value = step.get("next_accuracy") if isinstance(step, dict) else step
+        ok = isinstance(step, dict) and _number_or_none(value)
+        _require(path, f"over_time.steps[{t}].next_accuracy", value, ok, "a number or null")
+
+
+def check_clients(path: Path) -> None:
+    """eval_clients.json, where it is kept: one entry per client, in order, with numbers."""
+    if not path.is_file():
+        return  # a copy of a run kept without it (`benchmarks/gpu_results.py`)
+    try:
+        clients = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrcError(f"{path}: not valid JSON ({e})") from None
+    ok = isinstance(clients, list) and len(clients) > 0
+    _require(path, "", clients, ok, "a list of one entry per client")
+    for i, entry in enumerate(clients):
+        ok = isinstance(entry, dict) and entry.get("client_id") == i
+        _require(path, f"[{i}]", entry, ok, f"the entry of client {i}")
+        for key in ("train_accuracy", "test_accuracy"):
+            _require(path, f"[{i}].{key}", entry.get(key), _number(entry.get(key)), "a number")
+        omega = entry.get("omega")
+        ok = isinstance(omega, list) and len(omega) > 0 and all(map(_number, omega))
+        _require(path, f"[{i}].omega", omega, ok, "a list of numbers")
+
+
 def load_run(path: Path) -> Run:
     config = _read_json(path / rf.CONFIG, "not a `fedrc train` run")
     result = _read_json(path / "eval.json", "run `fedrc eval --run` on it first")
-    required = [key for stem, key in METRICS.items() if stem not in OPTIONAL]
-    missing = [k for k in (*required, *EVAL_KEYS) if k not in result]
-    if missing:
-        raise FedrcError(f"{path / 'eval.json'}: not a fedrc eval result (no {missing[0]})")
+    check_result(path / "eval.json", result)
+    check_clients(path / "eval_clients.json")
     if "data_digest" not in config or "seed" not in config or "algorithm" not in config:
         raise FedrcError(f"{path / rf.CONFIG}: not a fedrc run configuration")
     rows = rf.read_metrics(path / rf.METRICS)

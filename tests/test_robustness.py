@@ -257,6 +257,33 @@ def edit_config(**changes) -> Callable[[Path], None]:
     return go
 
 
+def edit_lines(rel: str, change: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
+    """Edit a JSON-lines file by hand (as `sed` would), line by line."""
+
+    def go(root: Path) -> None:
+        lines = (root / rel).read_text().splitlines(keepends=True)
+        (root / rel).write_text("".join(change(lines)))
+
+    return go
+
+
+def set_field(rel: str, key: str, value) -> Callable[[Path], None]:
+    """Set `key` to `value` in every row of a JSON-lines file, or in a JSON object."""
+
+    def one(text: str) -> str:
+        row = json.loads(text)
+        return json.dumps({**row, key: value} if key in row else row)
+
+    def go(root: Path) -> None:
+        path = root / rel
+        if rel.endswith(".jsonl"):
+            path.write_text("".join(one(line) + "\n" for line in path.read_text().splitlines()))
+        else:
+            path.write_text(one(path.read_text()))
+
+    return go
+
+
 def nothing(root: Path) -> None:
     pass
 
@@ -706,6 +733,50 @@ CASES = [
         RESUME,
         write("r/metrics.jsonl", '{"round": 1\n{"round": 2}\n'),
         ["metrics.jsonl", "line 1"],
+    ),
+    # metrics.jsonl, eval.json and eval_clients.json edited by hand: every reader refuses them
+    *[
+        (
+            f"{command[0]}-metrics-{name}",
+            command,
+            mutate,
+            ["r/metrics.jsonl: line ", culprit],
+        )
+        for command in (["eval", "--run", "r"], ["plot", "--run", "r"], ["report", "r"])
+        for name, mutate, culprit in (
+            ("text", set_field("r/metrics.jsonl", "global_accuracy", "x"), "global_accuracy"),
+            ("null", set_field("r/metrics.jsonl", "train_accuracy", None), "train_accuracy"),
+            ("gap", edit_lines("r/metrics.jsonl", lambda rows: rows[1:]), "round 2, expected 1"),
+            (
+                "score",
+                set_field("r/metrics.jsonl", "global_accuracy_by_concept", [0.5]),
+                "global_accuracy_by_concept: expected numbers by concept",
+            ),
+        )
+    ],
+    (
+        "rep-eval-text",
+        ["report", "r", "--out", "rep"],
+        set_field("r/eval.json", "global_accuracy", "x"),
+        ["r/eval.json: global_accuracy: expected a number, got str 'x'"],
+    ),
+    (
+        "rep-eval-finetune",
+        ["report", "r", "--out", "rep"],
+        set_field("r/eval.json", "finetune", "no"),
+        ["r/eval.json: finetune: expected true or false"],
+    ),
+    (
+        "rep-eval-clients",
+        ["report", "r", "--out", "rep"],
+        write("r/eval_clients.json", "{}"),
+        ["r/eval_clients.json: expected a list of one entry per client"],
+    ),
+    (
+        "rep-eval-clients-omega",
+        ["report", "r", "--out", "rep"],
+        write("r/eval_clients.json", '[{"client_id": 0, "train_accuracy": 1, "test_accuracy": 1}]'),
+        ["r/eval_clients.json: [0].omega: expected a list of numbers"],
     ),
     # eval
     ("e-no-run", ["eval", "--run", "nowhere"], nothing, ["config.json"]),
