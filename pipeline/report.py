@@ -21,6 +21,7 @@ import csv
 import glob
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -641,11 +642,27 @@ def paper_caveat(manifest: Manifest) -> str | None:
     )
 
 
+def check_out(out: Path) -> None:
+    """Refuse an --out that is, or is inside, a benchmark or a run folder: the report would mix
+    with their files, and `partition --overwrite`, `train` and `plot` replace what is there."""
+    target = Path(os.path.abspath(out))
+    for folder in (target, *target.parents):
+        if (folder / MANIFEST).is_file():
+            what = "a fedrc benchmark"
+        elif _is_run(folder):
+            what = "a fedrc run"
+        else:
+            continue
+        where = "is" if folder == target else f"is inside {folder},"
+        raise FedrcError(f"--out: {out} {where} {what}; choose a folder of its own for the report")
+
+
 def build_report(
     patterns: list[str], out: Path, dpi: int = 120
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Read the runs, check them, then write report.md, report.csv and report.png together;
     returns the table's rows and the caveat on the paper's numbers (None on its benchmark)."""
+    check_out(out)
     runs = [load_run(p) for p in find_runs(patterns)]
     groups = group_runs(runs)
     manifest = find_manifest(runs[0])

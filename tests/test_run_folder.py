@@ -227,6 +227,37 @@ def test_a_run_folder_with_dvc_and_stage_outputs_is_a_run(here: Path) -> None:
     assert stderr_lines(result) == []  # not "a run stopped before its first checkpoint"
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("foreign", ["notes.txt", "shards/notes.txt", "shards/extra"])
+def test_partition_keeps_files_it_did_not_write(here: Path, foreign: str, overwrite) -> None:
+    """`partition --overwrite` replaces the whole benchmark folder: one holding a user's files
+    (beside the manifest or among the shards) is refused, not emptied."""
+    path = Path("d", foreign)
+    if foreign.endswith("extra"):  # a folder of the user's among the shards
+        path.mkdir()
+    else:
+        path.write_text("mine")
+    before = snapshot(here)
+    result = invoke("partition", *PART_ARGS, "--out", "d", *overwrite)
+    refused(result, "--out: d holds a benchmark and files fedrc did not write", f"({foreign})")
+    assert snapshot(here) == before
+
+
+@pytest.mark.parametrize(
+    ("out", "what"),
+    [
+        ("d", "d is a fedrc benchmark"),
+        ("d/shards", "d/shards is inside "),
+        ("r", "r is a fedrc run"),
+        ("r/reports", "r/reports is inside "),
+    ],
+)
+def test_report_refuses_a_benchmark_or_run_folder(here: Path, out: str, what: str) -> None:
+    before = snapshot(here)
+    refused(invoke("report", "r", "--out", out), f"--out: {what}", "a folder of its own")
+    assert snapshot(here) == before
+
+
 # ---- 6: the smaller ones -----------------------------------------------------------------------
 
 
