@@ -35,7 +35,7 @@ from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
 from pipeline.derived import check_made_from
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, counted
 from pipeline.io import atomic_files, remove_leftovers
 from pipeline.resolve import from_values
 from pipeline.run_lock import writer_lock
@@ -446,11 +446,19 @@ def find_manifest(run: Run) -> Manifest:
     run's parent folders (a DVC stage runs in its own folder), with the recorded hash."""
     data = Path(run.config["data"])
     candidates = [data] if data.is_absolute() else [data, *(p / data for p in run.path.parents)]
+    changed = None
     for folder in candidates:
         if (folder / MANIFEST).is_file():
             manifest = read_manifest(folder)
             if data_digest(manifest) == run.config["data_digest"]:
                 return manifest
+            changed = changed or folder
+    if changed is not None:
+        raise FedrcError(
+            f"{run.path}: the benchmark it was trained on, {changed}, changed since (partitioned "
+            "again or edited: its content hash is not the one in config.json); retrain the run "
+            "or restore that benchmark"
+        )
     raise FedrcError(
         f"{run.path}: the benchmark it was trained on ({data}) was not found, relative to "
         "the current folder or the run's parent folders (the cluster maps need its manifest)"
@@ -509,7 +517,7 @@ def markdown(
         "# Report: accuracy over seeds next to the paper's Table 1",
         "",
         f"Benchmark: {dataset}, {clients} participating clients, "
-        f"content hash `{runs[0].config['data_digest'][:12]}`; {len(runs)} runs.",
+        f"content hash `{runs[0].config['data_digest'][:12]}`; {counted(len(runs), 'run')}.",
         "Accuracies in %, mean ± std over seeds (numpy std, ddof = 0), soft prediction unless "
         "marked (hard-clustering methods, IFCA, CFL, FeSEM…, are unmarked either way: one "
         "model per client is their own rule); *best-train*: at the round with the best train "

@@ -113,10 +113,10 @@ def check_models_fit(k: int, params: int, device: torch.device) -> None:
     needed = k * params * BYTES_PER_PARAMETER
     if available is not None and needed > available:
         raise FedrcError(
-            f"--clusters: {k} models of {params:,} parameters need about {needed / 2**30:.1f} GiB "
-            f"to train ({BYTES_PER_PARAMETER} bytes a parameter of each model); "
-            f"{available / 2**30:.1f} GiB are free on {device.type}; lower --clusters or choose "
-            "a smaller --model"
+            f"--clusters: K = {k}: the models ({k} × {params:,} parameters) need about "
+            f"{needed / 2**30:.1f} GiB to train ({BYTES_PER_PARAMETER} bytes a parameter of "
+            f"each model); {available / 2**30:.1f} GiB are free on {device.type}; lower "
+            "--clusters or choose a smaller --model"
         )
 
 

@@ -886,6 +886,12 @@ CASES = [
         ["r/config.json: trained on other data than d", "partitioned again or edited since"],
     ),
     (
+        "rep-repartitioned",
+        ["report", "r", "--out", "rep"],
+        repartitioned,
+        ["r: the benchmark it was trained on, ", "changed since (partitioned again or edited"],
+    ),
+    (
         "pl-manifest-edited",
         ["plot", "--run", "r"],
         edit_manifest(swap_sizes, seal=False),

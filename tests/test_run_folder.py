@@ -152,6 +152,37 @@ def test_a_finished_run_still_needs_resume_or_overwrite(here: Path) -> None:
     assert snapshot(here) == before
 
 
+def test_resuming_with_fewer_rounds_names_the_option(here: Path) -> None:
+    """`--resume --rounds 1` on a finished 2-round run: the option is wrong, not the
+    checkpoint (which is whole)."""
+    before = snapshot(here)
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "r", "--resume")
+    line = refused(result, "--rounds 1: the run in r already has 2 rounds", "--rounds 2 or more")
+    assert "checkpoint.pt" not in line
+    assert snapshot(here) == before
+
+
+def test_a_run_terminated_before_its_first_checkpoint_says_how_to_go_on(
+    here: Path, monkeypatch
+) -> None:
+    """The message says what the code does: the same command again starts the run over."""
+    import pipeline.training as training
+
+    real = training.train_round
+
+    def terminated(*args):
+        raise common.Terminated()
+
+    args = ["train", *TRAIN, "--rounds", "2", "--checkpoint-every", "2", "--out", "t"]
+    monkeypatch.setattr(training, "train_round", terminated)
+    line = refused(invoke(*args), "terminated (SIGTERM) before the first round ended", code=143)
+    assert line.endswith("no checkpoint yet: run the same command again to start it over"), line
+    monkeypatch.setattr(training, "train_round", real)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "starting it over" in result.stderr
+
+
 LEFTOVERS = {  # what killed writes leave, by the command whose next run removes them
     "train": [
         "r/.checkpoint.pt.tmp-k1ll3d00",
@@ -294,7 +325,7 @@ def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, c
     monkeypatch.setattr(run_setup, "available_memory", lambda device: 4 * 2**30)
     before = snapshot(here)
     line = refused(invoke("train", *TRAIN, "--clusters", clusters, "--out", "k"), "--clusters")
-    assert f"{clusters} models of" in line and "4.0 GiB are free on cpu" in line
+    assert f"K = {clusters}: the models" in line and "4.0 GiB are free on cpu" in line
     assert snapshot(here) == before  # no run folder
 
 
@@ -307,6 +338,12 @@ def test_running_out_of_memory_is_one_line(here: Path, monkeypatch) -> None:
     monkeypatch.setattr(run_setup, "build_algorithm", refused_allocation)
     line = refused(invoke("train", *TRAIN, "--out", "k"), "out of memory", code=1)
     assert "--clusters" in line
+
+
+def test_one_spare_cluster_is_singular(here: Path) -> None:
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "k7", "--clusters", "7")
+    assert result.exit_code == 0, result.output
+    assert stderr_lines(result)[0].endswith("at least 1 cluster will have no client of their own")
 
 
 def read_only_statvfs(path):
