@@ -175,8 +175,8 @@ def check_result(path: Path, result: dict[str, Any]) -> None:
     missing = [k for k in (*required, *EVAL_KEYS, "best_round") if k not in result]
     if missing:
         raise FedrcError(f"{path}: not a fedrc eval result (no {missing[0]})")
-    for stem, key in METRICS.items():
-        ok = _number_or_none if stem in OPTIONAL else _number
+    for stem, key in METRICS.items():  # a purity is null where the run has one model
+        ok = _number_or_none if stem in (*OPTIONAL, *SHARES) else _number
         _require(path, key, result.get(key), ok(result.get(key)), "a number")
     prediction, finetune = result["prediction"], result["finetune"]
     _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")

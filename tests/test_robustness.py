@@ -1052,7 +1052,7 @@ def test_disk_full_names_the_file_and_leaves_no_partial_output(here: Path, monke
     with monkeypatch.context() as m:
         m.setattr(shards.pq, "write_table", enospc)
         line = assert_one_line(invoke("partition", *options(PART), "--out", "fresh"), code=1)
-    assert "fresh: no space left" in line and "--out" in line
+    assert "fresh/shards/client-00000.parquet: no space left" in line and "--out" in line
     with monkeypatch.context() as m:
         m.setattr(Path, "write_text", enospc)
         line = assert_one_line(invoke("eval", "--run", "r"), code=1)
