@@ -9,6 +9,7 @@ import typer
 
 from fedrc_cli.common import ParamsOption, console, user_errors, writable_output, writing
 from pipeline.config import read_params
+from pipeline.errors import counted
 
 # The folders the stages write, by their params.yaml key: checked here because under `dvc
 # repro` DVC itself touches a stage's outputs before its command could name the problem.
@@ -41,6 +42,6 @@ def check(
     train = resolved["train"]
     console.print(
         f"{params or 'params.yaml'}: {', '.join(CHECKED)} are valid "
-        f"(train: {train['algorithm']}, {train['rounds']} rounds → {train['out']})"
+        f"(train: {train['algorithm']}, {counted(train['rounds'], 'round')} → {train['out']})"
         + (f"; wrote {out}/" if out is not None else "")
     )

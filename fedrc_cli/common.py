@@ -77,6 +77,13 @@ def out_of_memory(error: BaseException) -> bool:
     )
 
 
+def out_of_ram(error: BaseException) -> bool:
+    """The host's memory: Python's MemoryError, or torch's allocator refusing a tensor."""
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )
+
+
 def warning_line(message: str) -> None:
     line = f"[bold yellow]Warning:[/] {escape(message)}"
     error_console.print(line, highlight=False, soft_wrap=True)
@@ -101,19 +108,37 @@ def fedrc_warnings() -> Iterator[None]:
 
 
 @contextmanager
+def _file_size_limit() -> Iterator[None]:
+    """A write past the file-size limit (`ulimit -f`: EFBIG; Python ignores SIGXFSZ, which
+    would kill it) is a FedrcError naming the file: the writes go through temporary paths, so
+    nothing is half-written."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        where = shown(os.fsdecode(e.filename)) if e.filename else "an output file"
+        raise FedrcError(
+            f"{where}: file too large for the file-size limit (ulimit -f); raise the limit "
+            "(earlier outputs are left as they were)"
+        ) from None
+
+
+@contextmanager
 def user_errors() -> Iterator[None]:
     """Problems a user can fix become one red line on stderr; bugs keep their traceback;
     warnings a user should read are one yellow line (`fedrc_warnings`).
 
-    A FedrcError exits with 2, a full disk or GPU memory with 1, Ctrl-C with 130 and SIGTERM
-    with 143: every stage writes through a temporary path, so what was there stays intact.
+    A FedrcError or a file-size limit exits with 2, a full disk or memory with 1, Ctrl-C
+    with 130 and SIGTERM with 143: every stage writes through a temporary path, so what was
+    there stays intact.
     """
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM alone
         previous = None
     try:
-        with fedrc_warnings():
+        with fedrc_warnings(), _file_size_limit():
             yield
     except FedrcError as e:
         if launched():  # every rank leaves with this error: see `leaving_with_error`
@@ -141,6 +166,10 @@ def user_errors() -> Iterator[None]:
                 + (", --chunk-clients" if CHUNK_OPTION else "")
                 + ", --clusters or the model size, or train on the CPU with --device cpu",
                 1,
+            ) from None
+        if out_of_ram(e):
+            raise fail(
+                "out of memory; lower --clusters, --batch-size or the model size (--model)", 1
             ) from None
         raise
     finally:

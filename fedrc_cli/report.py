@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 
 from fedrc_cli.common import console, fail, user_errors, writing
+from pipeline.errors import counted
 
 
 def _cell(row: dict[str, Any], stem: str) -> str:
@@ -46,7 +47,7 @@ def report(
     console.print(
         "n: seeds; local, global: at the round with the best train accuracy (the paper's "
         "selection); last: global accuracy at the last round; paper: Table 1, local/global"
-        + (f"; {rounds[0]} rounds" if len(rounds) == 1 else "")
+        + (f"; {counted(rounds[0], 'round')}" if len(rounds) == 1 else "")
         + (f"; lr {lrs[0]:g} for all" if len(lrs) == 1 else "")
     )
     blind = [f"{r['label']} {_cell(r, 'unlabeled_global')}" for r in rows]

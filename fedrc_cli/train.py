@@ -130,7 +130,7 @@ def stopped_message(error: BaseException, config: TrainConfig, completed: int | 
     where = f"after round {completed}" if completed else "before the first round ended"
     saved = checkpoint_round(Path(config.out))
     if saved is None:
-        return f"{name} {where}; no checkpoint yet: start again with --overwrite"
+        return f"{name} {where}; no checkpoint yet: run the same command again to start it over"
     try:  # an extension of a finished run stopped before its first checkpoint: config.json
         recorded = run_config(Path(config.out), "--out").rounds  # still has the old rounds
     except FedrcError:

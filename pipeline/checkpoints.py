@@ -131,16 +131,29 @@ def checked_state(out: Path, wanted: dict[str, Any], run: Run) -> rf.RunState:
     another configuration, when a field does not fit the run (`rf.RunState.check`), or when
     the momentum snapshot it names is gone or of another shape."""
     path = out / rf.CHECKPOINT
-    recorded = rf.state_identity(path, rf.load_state(path))
+    loaded = rf.load_state(path)
+    recorded = rf.state_identity(path, loaded)
     other = rf.identity_mismatch(recorded_identity(recorded, f"{path}: identity"), wanted)
     if other is not None:
         raise FedrcError(
             f"--resume: {path} was written with {other}; start a new run with another --out"
         )
+    check_fewer_rounds(out, loaded.get("round"), run.config.rounds)
     state = rf.RunState.load(path, expected_state(run, out))
     if state.momentum_present is not None and run.momentum.enabled:
         check_momentum(out, state, run)
     return state
+
+
+def check_fewer_rounds(out: Path, saved: Any, rounds: int) -> None:
+    """A resume asked for fewer rounds than the run has done (its checkpoint's round, which
+    metrics.jsonl has reached): the option is wrong, not the file."""
+    done = isinstance(saved, int) and not isinstance(saved, bool)
+    if done and rounds < saved <= rf.logged_rounds(out / rf.METRICS):
+        raise FedrcError(
+            f"--rounds {rounds}: the run in {out} already has {saved} rounds; --resume needs "
+            f"--rounds {saved} or more (a shorter run: another --out, or --overwrite)"
+        )
 
 
 def check_momentum(out: Path, state: rf.RunState, run: Run) -> None:

@@ -398,7 +398,7 @@ class TrainConfig:
             return self
         if self.rounds < time_steps:
             raise FedrcError(
-                f"train.rounds: {self.rounds} rounds for {time_steps} time steps; give at least "
+                f"train.rounds: {self.rounds} for {time_steps} time steps; give at least "
                 "one round a step"
             )
         return dataclasses.replace(self, rounds_per_step=self.rounds // time_steps)

@@ -8,6 +8,11 @@ class FedrcError(Exception):
     """
 
 
+def counted(n: int, noun: str) -> str:
+    """A count in a message: "1 cluster", "2 clusters" (a noun whose plural takes an s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class FedrcWarning(UserWarning):
     """Something a user should know that does not stop the command: the CLI prints the
     message on one line (`warnings.warn(FedrcWarning(...))` in the library)."""

@@ -29,6 +29,18 @@ def naming(path: Path) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def _inside(tmp: Path, target: Path) -> Iterator[None]:
+    """An OSError naming a file inside the temporary folder `tmp` names it where it was
+    going to be, inside `target`."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e.filename, str) and Path(e.filename).is_relative_to(tmp):
+            e.filename = str(target / Path(e.filename).relative_to(tmp))
+        raise
+
+
 def user_umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -64,7 +76,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         tmp.chmod(0o777 & ~user_umask())  # mkdtemp makes 0700 folders; the user's umask rules
     try:
-        with naming(target):
+        with naming(target), _inside(tmp, target):
             yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.data.records import Manifest
-from pipeline.io import atomic_dir
+from pipeline.io import atomic_dir, naming
 from pipeline.plots_time import draw_timeline, mark_drifts
 
 SHARE = "share of the row's training samples in cluster k"  # the cluster maps' colour bar
@@ -110,7 +110,8 @@ def one_model(path: Path, run: str, what: str, dpi: int) -> None:
     ax.axis("off")
     ax.text(0.5, 0.5, f"one model: every client uses it, no {what} to show", ha="center")
     fig.suptitle(run)
-    fig.savefig(path, dpi=dpi)
+    with naming(path):  # matplotlib's errors name no file
+        fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -132,7 +133,8 @@ def draw_cluster_map(
     fig.suptitle(
         f"{run}: cluster assignment at round {round_} (n: participating clients in the row)"
     )
-    fig.savefig(path, dpi=dpi)
+    with naming(path):  # matplotlib's errors name no file
+        fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -150,7 +152,8 @@ def draw_accuracy(path: Path, metrics: list[dict[str, Any]], run: str, dpi: int)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.savefig(path, dpi=dpi)
+    with naming(path):  # matplotlib's errors name no file
+        fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -189,7 +192,8 @@ def draw_omega(
     _omega_rows(bottom, omega[held], [manifest.concept_name(i) for i in held])
     bottom.set_ylabel("held-out")
     fig.colorbar(image, ax=[top, bottom], label="ω: the client's weight on model k")
-    fig.savefig(path, dpi=dpi)
+    with naming(path):  # matplotlib's errors name no file
+        fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 

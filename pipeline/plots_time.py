@@ -16,6 +16,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.patches import Patch
 
 from pipeline.data.records import Manifest
+from pipeline.io import naming
 
 
 def timeline(assignments: pa.Table) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -102,7 +103,8 @@ def draw_timeline(
     )
     left.set_yticks([])
     fig.suptitle(f"{run}: clusters over time (dashed: a drift; dots: the clients that drifted)")
-    fig.savefig(path, dpi=dpi)
+    with naming(path):  # matplotlib's errors name no file
+        fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 

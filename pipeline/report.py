@@ -21,6 +21,7 @@ import csv
 import glob
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
 from pipeline.derived import check_made_from
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, counted
 from pipeline.io import atomic_files, remove_leftovers
 from pipeline.resolve import from_values
 from pipeline.run_lock import writer_lock
@@ -149,13 +150,86 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or _number(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _require(path: Path, key: str, value: Any, ok: bool, expected: str) -> None:
+    if not ok:
+        shown = f"{type(value).__name__} {value!r}"[:60]
+        where = f"{path}: {key}" if key else str(path)
+        raise FedrcError(f"{where}: expected {expected}, got {shown} (edited since?)")
+
+
+def check_result(path: Path, result: dict[str, Any]) -> None:
+    """The fields of eval.json that the report reads: present and of their types."""
+    required = [key for stem, key in METRICS.items() if stem not in OPTIONAL]
+    missing = [k for k in (*required, *EVAL_KEYS, "best_round") if k not in result]
+    if missing:
+        raise FedrcError(f"{path}: not a fedrc eval result (no {missing[0]})")
+    for stem, key in METRICS.items():  # a purity is null where the run has one model
+        ok = _number_or_none if stem in (*OPTIONAL, *SHARES) else _number
+        _require(path, key, result.get(key), ok(result.get(key)), "a number")
+    prediction, finetune = result["prediction"], result["finetune"]
+    _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")
+    _require(path, "finetune", finetune, isinstance(finetune, bool), "true or false")
+    best = result["best_round"]
+    _require(path, "best_round", best, _count(best) and best >= 1, "a round")
+    if "over_time" in result:
+        check_over_time(path, result["over_time"])
+
+
+def check_over_time(path: Path, over: Any) -> None:
+    """eval.json's `over_time` (a drifting benchmark): the numbers the drift table reads."""
+    _require(path, "over_time", over, isinstance(over, dict), "a mapping")
+    means = [*OVER_TIME.values(), "mean_recovery_rounds", "mean_concept_purity"]
+    for key in means:
+        value = over.get(key)
+        _require(path, f"over_time.{key}", value, _number_or_none(value), "a number or null")
+    for key in ("unrecovered_drifts", "time_steps"):
+        _require(path, f"over_time.{key}", over.get(key), _count(over.get(key)), "a count")
+    steps = over["steps"] if isinstance(over.get("steps"), list) else None
+    ok = steps is not None and len(steps) >= over["time_steps"] - 1
+    _require(path, "over_time.steps", over.get("steps"), ok, "an entry per time step")
+    for t, step in enumerate(steps or []):
+        value = step.get("next_accuracy") if isinstance(step, dict) else step
+        ok = isinstance(step, dict) and _number_or_none(value)
+        _require(path, f"over_time.steps[{t}].next_accuracy", value, ok, "a number or null")
+
+
+def check_clients(path: Path) -> None:
+    """eval_clients.json, where it is kept: one entry per client, in order, with numbers."""
+    if not path.is_file():
+        return  # a copy of a run kept without it (`benchmarks/gpu_results.py`)
+    try:
+        clients = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrcError(f"{path}: not valid JSON ({e})") from None
+    ok = isinstance(clients, list) and len(clients) > 0
+    _require(path, "", clients, ok, "a list of one entry per client")
+    for i, entry in enumerate(clients):
+        ok = isinstance(entry, dict) and entry.get("client_id") == i
+        _require(path, f"[{i}]", entry, ok, f"the entry of client {i}")
+        for key in ("train_accuracy", "test_accuracy"):
+            _require(path, f"[{i}].{key}", entry.get(key), _number(entry.get(key)), "a number")
+        omega = entry.get("omega")
+        ok = isinstance(omega, list) and len(omega) > 0 and all(map(_number, omega))
+        _require(path, f"[{i}].omega", omega, ok, "a list of numbers")
+
+
 def load_run(path: Path) -> Run:
     config = _read_json(path / rf.CONFIG, "not a `fedrc train` run")
     result = _read_json(path / "eval.json", "run `fedrc eval --run` on it first")
-    required = [key for stem, key in METRICS.items() if stem not in OPTIONAL]
-    missing = [k for k in (*required, *EVAL_KEYS) if k not in result]
-    if missing:
-        raise FedrcError(f"{path / 'eval.json'}: not a fedrc eval result (no {missing[0]})")
+    check_result(path / "eval.json", result)
+    check_clients(path / "eval_clients.json")
     if "data_digest" not in config or "seed" not in config or "algorithm" not in config:
         raise FedrcError(f"{path / rf.CONFIG}: not a fedrc run configuration")
     rows = rf.read_metrics(path / rf.METRICS)
@@ -372,11 +446,19 @@ def find_manifest(run: Run) -> Manifest:
     run's parent folders (a DVC stage runs in its own folder), with the recorded hash."""
     data = Path(run.config["data"])
     candidates = [data] if data.is_absolute() else [data, *(p / data for p in run.path.parents)]
+    changed = None
     for folder in candidates:
         if (folder / MANIFEST).is_file():
             manifest = read_manifest(folder)
             if data_digest(manifest) == run.config["data_digest"]:
                 return manifest
+            changed = changed or folder
+    if changed is not None:
+        raise FedrcError(
+            f"{run.path}: the benchmark it was trained on, {changed}, changed since (partitioned "
+            "again or edited: its content hash is not the one in config.json); retrain the run "
+            "or restore that benchmark"
+        )
     raise FedrcError(
         f"{run.path}: the benchmark it was trained on ({data}) was not found, relative to "
         "the current folder or the run's parent folders (the cluster maps need its manifest)"
@@ -435,7 +517,7 @@ def markdown(
         "# Report: accuracy over seeds next to the paper's Table 1",
         "",
         f"Benchmark: {dataset}, {clients} participating clients, "
-        f"content hash `{runs[0].config['data_digest'][:12]}`; {len(runs)} runs.",
+        f"content hash `{runs[0].config['data_digest'][:12]}`; {counted(len(runs), 'run')}.",
         "Accuracies in %, mean ± std over seeds (numpy std, ddof = 0), soft prediction unless "
         "marked (hard-clustering methods, IFCA, CFL, FeSEM…, are unmarked either way: one "
         "model per client is their own rule); *best-train*: at the round with the best train "
@@ -568,11 +650,27 @@ def paper_caveat(manifest: Manifest) -> str | None:
     )
 
 
+def check_out(out: Path) -> None:
+    """Refuse an --out that is, or is inside, a benchmark or a run folder: the report would mix
+    with their files, and `partition --overwrite`, `train` and `plot` replace what is there."""
+    target = Path(os.path.abspath(out))
+    for folder in (target, *target.parents):
+        if (folder / MANIFEST).is_file():
+            what = "a fedrc benchmark"
+        elif _is_run(folder):
+            what = "a fedrc run"
+        else:
+            continue
+        where = "is" if folder == target else f"is inside {folder},"
+        raise FedrcError(f"--out: {out} {where} {what}; choose a folder of its own for the report")
+
+
 def build_report(
     patterns: list[str], out: Path, dpi: int = 120
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Read the runs, check them, then write report.md, report.csv and report.png together;
     returns the table's rows and the caveat on the paper's numbers (None on its benchmark)."""
+    check_out(out)
     runs = [load_run(p) for p in find_runs(patterns)]
     groups = group_runs(runs)
     manifest = find_manifest(runs[0])

@@ -181,8 +181,9 @@ def append_metrics(path: Path, row: dict[str, Any]) -> None:
 
 
 def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
-    """The rows of metrics.jsonl; with `torn_tail_ok` (resuming) an unfinished last line,
-    left by a run killed while writing it, is dropped instead of refused."""
+    """The rows of metrics.jsonl, each checked (`metrics_row_problem`); with `torn_tail_ok`
+    (resuming) an unfinished last line, left by a run killed while writing it, is dropped
+    instead of refused."""
     if not path.is_file():
         raise FedrcError(f"{path}: not found (did `fedrc train` finish?)")
     text = path.read_text(errors="replace")
@@ -193,7 +194,6 @@ def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]
             row = json.loads(line)
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
                 raise ValueError
-            rows.append(row)
         except ValueError:  # JSONDecodeError included
             if torn_tail_ok and number == len(lines) and not text.endswith("\n"):
                 break
@@ -201,7 +201,52 @@ def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]
                 f"{path}: line {number} is not a metrics row (a crashed run? continue it with "
                 "`fedrc train --resume`)"
             ) from None
+        problem = metrics_row_problem(row, number)
+        if problem is not None:
+            raise FedrcError(f"{path}: line {number}: {problem} (edited since fedrc wrote it?)")
+        rows.append(row)
     return rows
+
+
+SCORES = ("train_accuracy", "local_accuracy", "global_accuracy", "global_accuracy_by_concept")
+COUNTS = ("step", "clients", "clients_scored")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _field_problem(key: str, value: Any) -> str | None:
+    """What is wrong with one field of a metrics row that fedrc reads back, or None; the
+    fields an algorithm adds (`round_info`) are its own."""
+    if key.endswith("_by_concept"):
+        ok = isinstance(value, dict) and all(map(_is_number, value.values()))
+        expected = "numbers by concept"
+    elif key.endswith(("accuracy", "loss")) or key == "seconds":
+        ok, expected = _is_number(value), "a number"
+    elif key in COUNTS:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    else:
+        return None
+    return None if ok else f"{key}: expected {expected}, got {_described(value)}"
+
+
+def metrics_row_problem(row: dict[str, Any], number: int) -> str | None:
+    """What is wrong with the row on line `number` of metrics.jsonl, or None: its round must
+    be `number` (rounds run from 1 without a gap), the fields fedrc reads must have their types,
+    and an evaluated round must hold every score eval reads."""
+    if row["round"] != number:
+        return f"round {row['round']!r}, expected {number} (one line per round, from 1)"
+    for key, value in row.items():
+        problem = _field_problem(key, value)
+        if problem is not None:
+            return problem
+    for prefix in ("", "hard_"):
+        held = [prefix + k in row for k in SCORES]
+        if any(held) and not all(held):
+            lacking = next(prefix + k for k, h in zip(SCORES, held) if not h)
+            return f"an evaluated round without {lacking}"
+    return None
 
 
 def truncate_metrics(path: Path, last_round: int) -> None:
@@ -326,19 +371,32 @@ PLAIN = (int, float, str, bool, dict, list)
 
 
 def check_algorithm(path: Path, value: Any, reference: dict[str, Any]) -> dict[str, Any]:
-    """The algorithm's state: the keys a fresh algorithm has, its tensors' shapes and kinds."""
+    """The algorithm's state: the keys a fresh algorithm has, all of them (one left at its
+    initial value would change the numbers silently), its tensors' shapes and kinds, and the
+    exact type of the others (a generator's state, a mask, indices)."""
     if not isinstance(value, dict):
         raise FedrcError(f"{path}: algorithm: expected a mapping, got {_described(value)}")
     unknown = sorted(set(value) - set(reference), key=str)
-    if unknown:  # a key a file of an older fedrc lacks keeps its initial value, as before
+    if unknown:
         raise FedrcError(
             f"{path}: algorithm: unknown keys {unknown} (this algorithm has {sorted(reference)})"
+        )
+    missing = sorted(set(reference) - set(value), key=str)
+    if missing:
+        raise FedrcError(
+            f"{path}: algorithm.{missing[0]}: missing (the file was written by an older fedrc "
+            "or edited; train the run again)"
         )
     for key, held in value.items():
         fresh = reference[key]
         if isinstance(fresh, torch.Tensor):
             floating = fresh.is_floating_point()
             check_tensor(path, f"algorithm.{key}", held, fresh.shape, "", floating)
+            if not floating and held.dtype != fresh.dtype:
+                raise FedrcError(
+                    f"{path}: algorithm.{key}: expected a "
+                    f"{str(fresh.dtype).removeprefix('torch.')} tensor, got {_described(held)}"
+                )
             continue
         kinds = (type(fresh), type(held))
         if type(fresh) in PLAIN and kinds[1] is not kinds[0] and kinds != (float, int):

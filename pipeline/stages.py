@@ -21,7 +21,7 @@ from pipeline.config import (
     build_config,
     config_dict,
 )
-from pipeline.data.benchmark import write_benchmark
+from pipeline.data.benchmark import foreign_files, write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
@@ -96,6 +96,13 @@ def check_partition_out(out: Path, overwrite: bool) -> None:
         raise FedrcError(
             f"--out: {out} is a folder with other files and no fedrc benchmark; choose another "
             "--out (fedrc replaces only its own benchmarks)"
+        )
+    foreign = foreign_files(out)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise FedrcError(
+            f"--out: {out} holds a benchmark and files fedrc did not write ({shown}); "
+            "replacing it would delete them: move them out or choose another --out"
         )
     if not overwrite:
         raise FedrcError(

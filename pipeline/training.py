@@ -36,7 +36,7 @@ from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.errors import FedrcError, FedrcWarning
+from pipeline.errors import FedrcError, FedrcWarning, counted
 from pipeline.evaluate import evaluate_round, per_sample_losses
 from pipeline.run_folder import open_run_dir
 from pipeline.run_lock import writer_lock
@@ -254,7 +254,7 @@ def warn_spare_models(run: Run, data: str) -> None:
         warnings.warn(
             FedrcWarning(
                 f"--clusters: K = {k} exceeds the {clients} participating clients of {data}; "
-                f"at least {k - clients} clusters will have no client of their own"
+                f"at least {counted(k - clients, 'cluster')} will have no client of their own"
             ),
             stacklevel=2,
         )

@@ -232,7 +232,7 @@ def test_rounds_are_dealt_to_steps() -> None:
     assert step_of(7, None, 1) == 0 and not ends_step(7, None, 1)
     config = make_config(rounds=10)
     assert config.over_steps(3).rounds_per_step == 3
-    with pytest.raises(FedrcError, match=r"train\.rounds: 2 rounds for 3 time steps"):
+    with pytest.raises(FedrcError, match=r"train\.rounds: 2 for 3 time steps"):
         make_config(rounds=2).over_steps(3)
     # given rounds_per_step, a run may stop before the last step (and be resumed)
     assert make_config(rounds=3, rounds_per_step=2).over_steps(3).rounds_per_step == 2

@@ -129,6 +129,16 @@ def edit_state(rel: str, **changes) -> Callable[[Path], None]:
     return go
 
 
+def without(key: str) -> Callable[[dict], dict]:
+    """The algorithm state less `key`."""
+    return lambda state: {k: v for k, v in state["algorithm"].items() if k != key}
+
+
+def retyped(key: str, dtype: torch.dtype) -> Callable[[dict], dict]:
+    """The algorithm state with the tensor `key` of another type."""
+    return lambda state: {**state["algorithm"], key: state["algorithm"][key].to(dtype)}
+
+
 def unsealed(rel: str) -> Callable[[Path], None]:
     """The same state written by plain torch.save: its seal is gone."""
     return lambda root: torch.save(rf.load_state(root / rel), root / rel)
@@ -243,6 +253,33 @@ def edit_config(**changes) -> Callable[[Path], None]:
     def go(root: Path) -> None:
         config = json.loads((root / "r/config.json").read_text())
         (root / "r/config.json").write_text(json.dumps({**config, **changes}))
+
+    return go
+
+
+def edit_lines(rel: str, change: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
+    """Edit a JSON-lines file by hand (as `sed` would), line by line."""
+
+    def go(root: Path) -> None:
+        lines = (root / rel).read_text().splitlines(keepends=True)
+        (root / rel).write_text("".join(change(lines)))
+
+    return go
+
+
+def set_field(rel: str, key: str, value) -> Callable[[Path], None]:
+    """Set `key` to `value` in every row of a JSON-lines file, or in a JSON object."""
+
+    def one(text: str) -> str:
+        row = json.loads(text)
+        return json.dumps({**row, key: value} if key in row else row)
+
+    def go(root: Path) -> None:
+        path = root / rel
+        if rel.endswith(".jsonl"):
+            path.write_text("".join(one(line) + "\n" for line in path.read_text().splitlines()))
+        else:
+            path.write_text(one(path.read_text()))
 
     return go
 
@@ -661,6 +698,30 @@ CASES = [
         ["r/checkpoint.pt: algorithm: unknown keys ['evil']"],
     ),
     (
+        "t-resume-algorithm-missing",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=without("noise_state")),
+        ["r/checkpoint.pt: algorithm.noise_state: missing"],
+    ),
+    (
+        "t-resume-algorithm-dtype",
+        RESUME,
+        edit_state("r/checkpoint.pt", algorithm=retyped("noise_state", torch.int64)),
+        ["r/checkpoint.pt: algorithm.noise_state: expected a uint8 tensor", "int64"],
+    ),
+    (
+        "e-algorithm-missing",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", algorithm=without("adam")),
+        ["r/model.pt: algorithm.adam: missing"],
+    ),
+    (
+        "e-algorithm-dtype",
+        ["eval", "--run", "r"],
+        edit_state("r/model.pt", algorithm=retyped("active", torch.int64)),
+        ["r/model.pt: algorithm.active: expected a bool tensor", "int64"],
+    ),
+    (
         "t-resume-rng",
         RESUME,
         edit_state("r/checkpoint.pt", rng=torch.zeros(3, dtype=torch.uint8)),
@@ -672,6 +733,50 @@ CASES = [
         RESUME,
         write("r/metrics.jsonl", '{"round": 1\n{"round": 2}\n'),
         ["metrics.jsonl", "line 1"],
+    ),
+    # metrics.jsonl, eval.json and eval_clients.json edited by hand: every reader refuses them
+    *[
+        (
+            f"{command[0]}-metrics-{name}",
+            command,
+            mutate,
+            ["r/metrics.jsonl: line ", culprit],
+        )
+        for command in (["eval", "--run", "r"], ["plot", "--run", "r"], ["report", "r"])
+        for name, mutate, culprit in (
+            ("text", set_field("r/metrics.jsonl", "global_accuracy", "x"), "global_accuracy"),
+            ("null", set_field("r/metrics.jsonl", "train_accuracy", None), "train_accuracy"),
+            ("gap", edit_lines("r/metrics.jsonl", lambda rows: rows[1:]), "round 2, expected 1"),
+            (
+                "score",
+                set_field("r/metrics.jsonl", "global_accuracy_by_concept", [0.5]),
+                "global_accuracy_by_concept: expected numbers by concept",
+            ),
+        )
+    ],
+    (
+        "rep-eval-text",
+        ["report", "r", "--out", "rep"],
+        set_field("r/eval.json", "global_accuracy", "x"),
+        ["r/eval.json: global_accuracy: expected a number, got str 'x'"],
+    ),
+    (
+        "rep-eval-finetune",
+        ["report", "r", "--out", "rep"],
+        set_field("r/eval.json", "finetune", "no"),
+        ["r/eval.json: finetune: expected true or false"],
+    ),
+    (
+        "rep-eval-clients",
+        ["report", "r", "--out", "rep"],
+        write("r/eval_clients.json", "{}"),
+        ["r/eval_clients.json: expected a list of one entry per client"],
+    ),
+    (
+        "rep-eval-clients-omega",
+        ["report", "r", "--out", "rep"],
+        write("r/eval_clients.json", '[{"client_id": 0, "train_accuracy": 1, "test_accuracy": 1}]'),
+        ["r/eval_clients.json: [0].omega: expected a list of numbers"],
     ),
     # eval
     ("e-no-run", ["eval", "--run", "nowhere"], nothing, ["config.json"]),
@@ -779,6 +884,12 @@ CASES = [
         ["plot", "--run", "r"],
         repartitioned,
         ["r/config.json: trained on other data than d", "partitioned again or edited since"],
+    ),
+    (
+        "rep-repartitioned",
+        ["report", "r", "--out", "rep"],
+        repartitioned,
+        ["r: the benchmark it was trained on, ", "changed since (partitioned again or edited"],
     ),
     (
         "pl-manifest-edited",
@@ -941,7 +1052,7 @@ def test_disk_full_names_the_file_and_leaves_no_partial_output(here: Path, monke
     with monkeypatch.context() as m:
         m.setattr(shards.pq, "write_table", enospc)
         line = assert_one_line(invoke("partition", *options(PART), "--out", "fresh"), code=1)
-    assert "fresh: no space left" in line and "--out" in line
+    assert "fresh/shards/client-00000.parquet: no space left" in line and "--out" in line
     with monkeypatch.context() as m:
         m.setattr(Path, "write_text", enospc)
         line = assert_one_line(invoke("eval", "--run", "r"), code=1)
@@ -1181,3 +1292,47 @@ def test_terminated_then_killed_training_resumes_to_identical_numbers(here: Path
     ours, theirs = rf.load_state(here / "part" / "model.pt"), rf.load_state(ref / "model.pt")
     for key in ("models", "omega"):
         assert torch.equal(ours[key], theirs[key]), key
+
+
+def limited(size: int) -> Callable[[], None]:
+    """`ulimit -f` for a child: a write past `size` bytes fails with EFBIG (Python ignores the
+    SIGXFSZ that would otherwise kill it)."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+
+    return apply
+
+
+FILE_SIZE_CASES = {  # command, the file-size limit in bytes, the file it stops at
+    "partition": (["partition", *options(PART), "--out", "big"], 8_000, "big/shards/client-"),
+    "train": (["train", *RUN_R, "--rounds", "2", "--out", "big"], 100_000, "big/checkpoint.pt"),
+    "eval": (["eval", "--run", "r"], 1, "r/eval"),
+    "plot": (["plot", "--run", "r", "--dpi", "30"], 1, "r/plots/cluster_map.png"),
+    "report": (["report", "r", "--out", "big/today"], 1, "big/today/"),
+}
+
+
+@pytest.mark.parametrize("command", list(FILE_SIZE_CASES))
+def test_a_file_size_limit_names_the_file_and_leaves_outputs_alone(here: Path, command) -> None:
+    args, size, culprit = FILE_SIZE_CASES[command]
+    before = snapshot(here)
+    proc = subprocess.run(
+        cli(*args),
+        cwd=here,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=limited(size),
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"Error: {culprit}"), lines[0]
+    assert "file too large for the file-size limit" in lines[0], lines[0]
+    after = snapshot(here)
+    if command == "train":  # stopped before its first checkpoint: restartable, nothing torn
+        assert {k for k in after if k not in before and k.startswith("big/.")} == set()
+        after = {k: v for k, v in after.items() if not k.startswith("big")}
+    assert after == before

@@ -152,6 +152,37 @@ def test_a_finished_run_still_needs_resume_or_overwrite(here: Path) -> None:
     assert snapshot(here) == before
 
 
+def test_resuming_with_fewer_rounds_names_the_option(here: Path) -> None:
+    """`--resume --rounds 1` on a finished 2-round run: the option is wrong, not the
+    checkpoint (which is whole)."""
+    before = snapshot(here)
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "r", "--resume")
+    line = refused(result, "--rounds 1: the run in r already has 2 rounds", "--rounds 2 or more")
+    assert "checkpoint.pt" not in line
+    assert snapshot(here) == before
+
+
+def test_a_run_terminated_before_its_first_checkpoint_says_how_to_go_on(
+    here: Path, monkeypatch
+) -> None:
+    """The message says what the code does: the same command again starts the run over."""
+    import pipeline.training as training
+
+    real = training.train_round
+
+    def terminated(*args):
+        raise common.Terminated()
+
+    args = ["train", *TRAIN, "--rounds", "2", "--checkpoint-every", "2", "--out", "t"]
+    monkeypatch.setattr(training, "train_round", terminated)
+    line = refused(invoke(*args), "terminated (SIGTERM) before the first round ended", code=143)
+    assert line.endswith("no checkpoint yet: run the same command again to start it over"), line
+    monkeypatch.setattr(training, "train_round", real)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "starting it over" in result.stderr
+
+
 LEFTOVERS = {  # what killed writes leave, by the command whose next run removes them
     "train": [
         "r/.checkpoint.pt.tmp-k1ll3d00",
@@ -227,6 +258,37 @@ def test_a_run_folder_with_dvc_and_stage_outputs_is_a_run(here: Path) -> None:
     assert stderr_lines(result) == []  # not "a run stopped before its first checkpoint"
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("foreign", ["notes.txt", "shards/notes.txt", "shards/extra"])
+def test_partition_keeps_files_it_did_not_write(here: Path, foreign: str, overwrite) -> None:
+    """`partition --overwrite` replaces the whole benchmark folder: one holding a user's files
+    (beside the manifest or among the shards) is refused, not emptied."""
+    path = Path("d", foreign)
+    if foreign.endswith("extra"):  # a folder of the user's among the shards
+        path.mkdir()
+    else:
+        path.write_text("mine")
+    before = snapshot(here)
+    result = invoke("partition", *PART_ARGS, "--out", "d", *overwrite)
+    refused(result, "--out: d holds a benchmark and files fedrc did not write", f"({foreign})")
+    assert snapshot(here) == before
+
+
+@pytest.mark.parametrize(
+    ("out", "what"),
+    [
+        ("d", "d is a fedrc benchmark"),
+        ("d/shards", "d/shards is inside "),
+        ("r", "r is a fedrc run"),
+        ("r/reports", "r/reports is inside "),
+    ],
+)
+def test_report_refuses_a_benchmark_or_run_folder(here: Path, out: str, what: str) -> None:
+    before = snapshot(here)
+    refused(invoke("report", "r", "--out", out), f"--out: {what}", "a folder of its own")
+    assert snapshot(here) == before
+
+
 # ---- 6: the smaller ones -----------------------------------------------------------------------
 
 
@@ -252,6 +314,36 @@ def test_more_clusters_than_clients_is_a_one_line_warning(here: Path) -> None:
     ], result.output
     result = invoke(*args, "--clusters", "6", "--overwrite")
     assert result.exit_code == 0 and not stderr_lines(result), result.output
+
+
+@pytest.mark.parametrize("clusters", ["100000", "5000"])
+def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, clusters) -> None:
+    """K models that cannot fit are refused before any is built: 100,000 would fail in torch's
+    allocator, 5,000 would grow until the system kills the process (here: 4 GiB free)."""
+    import pipeline.run_setup as run_setup
+
+    monkeypatch.setattr(run_setup, "available_memory", lambda device: 4 * 2**30)
+    before = snapshot(here)
+    line = refused(invoke("train", *TRAIN, "--clusters", clusters, "--out", "k"), "--clusters")
+    assert f"K = {clusters}: the models" in line and "4.0 GiB are free on cpu" in line
+    assert snapshot(here) == before  # no run folder
+
+
+def test_running_out_of_memory_is_one_line(here: Path, monkeypatch) -> None:
+    import pipeline.run_setup as run_setup
+
+    def refused_allocation(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8")
+
+    monkeypatch.setattr(run_setup, "build_algorithm", refused_allocation)
+    line = refused(invoke("train", *TRAIN, "--out", "k"), "out of memory", code=1)
+    assert "--clusters" in line
+
+
+def test_one_spare_cluster_is_singular(here: Path) -> None:
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "k7", "--clusters", "7")
+    assert result.exit_code == 0, result.output
+    assert stderr_lines(result)[0].endswith("at least 1 cluster will have no client of their own")
 
 
 def read_only_statvfs(path):

@@ -82,5 +82,5 @@ class FedEM(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        self.memory = state.pop("adam", self.memory)
+        self.memory = state.pop("adam")
         super().load_state_dict(state)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+import re
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -31,9 +32,9 @@ from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
-from pipeline.data.records import ClientRecord, Manifest, MixGroup, write_manifest
+from pipeline.data.records import MANIFEST, ClientRecord, Manifest, MixGroup, write_manifest
 from pipeline.data.sampling import balanced_subset, train_test_split
-from pipeline.data.shards import ClientData, write_shards
+from pipeline.data.shards import SHARDS, ClientData, write_shards
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_dir
 
@@ -255,6 +256,22 @@ def benchmark_manifest(
     ).sealed()
 
 
+CONFIG = "config.json"
+SHARD = re.compile(r"client-\d{5,}\.parquet")  # `shards.shard_name`
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """What in the benchmark folder `folder` fedrc did not write (its manifest, config.json
+    and shards are its own), sorted: replacing the folder would delete it."""
+    names = [p.name for p in folder.iterdir() if p.name not in (MANIFEST, CONFIG, SHARDS)]
+    shards = folder / SHARDS
+    if shards.is_dir() and not shards.is_symlink():
+        names += [f"{SHARDS}/{p.name}" for p in shards.iterdir() if not SHARD.fullmatch(p.name)]
+    elif shards.exists() or shards.is_symlink():
+        names.append(SHARDS)
+    return sorted(names)
+
+
 def write_benchmark(config: PartitionConfig, raw: RawDataset) -> Manifest:
     """Build the benchmark from `raw` into `config.out` in one atomic step; returns the manifest."""
     clients = build_clients(config, raw)
@@ -262,5 +279,5 @@ def write_benchmark(config: PartitionConfig, raw: RawDataset) -> Manifest:
         records, files = write_shards(tmp, clients, raw.num_classes, config.steps)
         manifest = benchmark_manifest(config, raw, records, files)
         write_manifest(tmp, manifest)
-        (tmp / "config.json").write_text(json.dumps(config_dict(config), indent=2) + "\n")
+        (tmp / CONFIG).write_text(json.dumps(config_dict(config), indent=2) + "\n")
     return manifest

@@ -25,7 +25,7 @@ import torch
 from pipeline.data.records import ClientRecord, Manifest, StepRecord, read_manifest
 from pipeline.data.shard_checks import check_rows, checked_labels
 from pipeline.errors import FedrcError
-from pipeline.io import read_parquet
+from pipeline.io import naming, read_parquet
 
 SHARDS = "shards"
 
@@ -154,7 +154,8 @@ def write_shards(
     hashes, records = {}, []
     for client in clients:
         path = shards / shard_name(client.client_id)
-        pq.write_table(client_table(client), path, compression="zstd")
+        with naming(path):  # pyarrow's errors name no file
+            pq.write_table(client_table(client), path, compression="zstd")
         hashes[path.name] = sha256_file(path)
         records.append(client_record(client, num_classes, steps))
     return tuple(records), hashes
