@@ -1,12 +1,15 @@
-"""How long the CLI takes to answer: `--help`, `--version`, `info` and a refused option, each as
-a fresh process, timed over N runs (median wall and CPU seconds) with whether it imported torch.
+"""How long the CLI takes to answer: `--help`, `--version`, `info` (the list, a component's
+settings, a benchmark) and a refused option, each as a fresh process, timed over N runs (median
+wall and CPU seconds) with whether it imported torch.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/cli_latency.py [--runs 7] [--before DIR]
 
 `--before DIR` times another checkout too (e.g. `git worktree add ../fedrc-main main`), its
 runs interleaved with this one's so that both see the same load, and adds the ratio. Each
 command runs as `python -m fedrc_cli` with PYTHONPATH set to the checkout, in an empty folder
-(no params.yaml); `info FOLDER` reads a small synthetic benchmark built first.
+(no params.yaml); `info FOLDER` reads a small synthetic benchmark built first. `fedrc info`
+imports each installed plugin to check that it loads (the example plugin imports torch), so the
+list is also timed with the plugins' entry points hidden, as in a core install.
 """
 
 from __future__ import annotations
@@ -22,19 +25,27 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-COMMANDS: dict[str, list[str]] = {
-    "fedrc --help": ["--help"],
-    "fedrc --version": ["--version"],
-    "fedrc train --help": ["train", "--help"],
-    "fedrc info FOLDER": ["info", "{folder}"],
-    "fedrc info (list)": ["info"],
-    "fedrc partition --clients 1 (error)": ["partition", "--clients", "1"],
+FEDRC = ["-m", "fedrc_cli"]
+NO_PLUGINS = [  # `fedrc ARGS` as if no plugin were installed
+    "-c",
+    "import importlib.metadata, sys; importlib.metadata.entry_points = lambda **_: (); "
+    "from fedrc_cli.app import main; main()",
+]
+COMMANDS: dict[str, list[str]] = {  # label: python's arguments
+    "fedrc --help": [*FEDRC, "--help"],
+    "fedrc --version": [*FEDRC, "--version"],
+    "fedrc train --help": [*FEDRC, "train", "--help"],
+    "fedrc info FOLDER": [*FEDRC, "info", "{folder}"],
+    "fedrc info (list, example plugin installed)": [*FEDRC, "info"],
+    "fedrc info (list, no plugin)": [*NO_PLUGINS, "info"],
+    "fedrc info fedrc (settings)": [*FEDRC, "info", "fedrc"],
+    "fedrc partition --clients 1 (error)": [*FEDRC, "partition", "--clients", "1"],
 }
 
 
-def command_line(checkout: Path, args: list[str], folder: Path, importtime: bool) -> list[str]:
+def command_line(args: list[str], folder: Path, importtime: bool) -> list[str]:
     flags = ["-X", "importtime"] if importtime else []
-    return [sys.executable, *flags, "-m", "fedrc_cli", *(a.format(folder=folder) for a in args)]
+    return [sys.executable, *flags, *(a.format(folder=folder) for a in args)]
 
 
 def environment(checkout: Path) -> dict[str, str]:
@@ -46,7 +57,7 @@ def run_once(checkout: Path, args: list[str], folder: Path, cwd: Path) -> tuple[
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
-        command_line(checkout, args, folder, importtime=False),
+        command_line(args, folder, importtime=False),
         cwd=cwd, env=environment(checkout), capture_output=True, check=False,
     )  # fmt: skip
     wall = time.perf_counter() - start
@@ -57,7 +68,7 @@ def run_once(checkout: Path, args: list[str], folder: Path, cwd: Path) -> tuple[
 
 def imports_torch(checkout: Path, args: list[str], folder: Path, cwd: Path) -> bool:
     done = subprocess.run(
-        command_line(checkout, args, folder, importtime=True),
+        command_line(args, folder, importtime=True),
         cwd=cwd, env=environment(checkout), capture_output=True, text=True, check=False,
     )  # fmt: skip
     names = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if "|" in line}

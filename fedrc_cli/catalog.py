@@ -1,4 +1,5 @@
-"""`fedrc info` without a folder: what can be named in a run, built-in and from plugins."""
+"""`fedrc info` without a folder: what can be named in a run, built-in and from plugins. It reads
+the built-ins' cards (paper or summary, settings), so only a plugin is imported."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from pipeline.settings import description, field_types
 REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, MODELS, DATASETS)
 
 
-def _about(entry: Entry) -> str:
-    if entry.error is not None:
-        return f"[red]{entry.error}[/]"
-    component = entry.component
-    return getattr(component, "paper", None) or getattr(component, "summary", "")
+def _about(card: Any) -> str:
+    return getattr(card, "paper", None) or getattr(card, "summary", "")
+
+
+def _row(entry: Entry) -> str:
+    return f"[red]{entry.error}[/]" if entry.error is not None else _about(entry.card)
 
 
 def catalog() -> Table:
@@ -31,29 +33,28 @@ def catalog() -> Table:
         table.add_column(column, overflow="fold")
     for registry in REGISTRIES:
         for entry in registry.entries():
-            table.add_row(registry.kind, entry.name, entry.origin, _about(entry))
+            table.add_row(registry.kind, entry.name, entry.origin, _row(entry))
     return table
 
 
-def settings_of(component: Any) -> type | None:
-    settings = getattr(component, "Settings", None) or getattr(component, "settings", None)
+def settings_of(card: Any) -> type | None:
+    settings = getattr(card, "Settings", None) or getattr(card, "settings", None)
     return settings if isinstance(settings, type) else None
 
 
 def find(name: str) -> tuple[Registry, Any] | None:
-    """The registry and component called `name` (built-in or plugin), or None."""
+    """The registry and card of the component called `name` (built-in or plugin), or None."""
     for registry in REGISTRIES:
         if name in registry.names() or ":" in name:
-            return registry, registry.get(name)
+            return registry, registry.card(name)
     return None
 
 
-def settings_table(name: str, registry: Registry, component: Any) -> Group:
-    """A component's own settings: key, type, default, what it does; `--set KEY=VALUE` sets
-    them."""
-    settings = settings_of(component)
-    about = getattr(component, "paper", None) or getattr(component, "summary", "")
-    table = Table(title=f"{registry.kind} {name}: {about}")
+def settings_table(name: str, registry: Registry, card: Any) -> Group:
+    """A component's own settings, from its card: key, type, default, what it does;
+    `--set KEY=VALUE` sets them."""
+    settings = settings_of(card)
+    table = Table(title=f"{registry.kind} {name}: {_about(card)}")
     for column in ("setting (--set KEY=VALUE)", "type", "default", "description"):
         table.add_column(column, overflow="fold")
     fields = dataclasses.fields(settings) if settings is not None else ()

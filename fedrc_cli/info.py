@@ -43,8 +43,8 @@ def info(
 
 def show_component(name: str | None) -> bool:
     """Print every component (no name) or the settings of the one called `name`; False when
-    there is none of that name. Components are classes built on torch, and a plugin is checked
-    by importing it, so this imports torch, while describing a benchmark's folder does not."""
+    there is none of that name. The built-ins are read from their cards, without torch; a
+    plugin is checked by importing it, which may import torch."""
     from fedrc_cli.catalog import catalog, find, settings_table
 
     if name is None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.algorithms import Algorithm
+from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import (
     ClientStep,
     Memory,

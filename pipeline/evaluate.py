@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from pipeline.algorithms import Algorithm
+from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import per_sample_losses, predictions, sample_predictions
 from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData

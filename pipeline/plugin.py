@@ -13,8 +13,8 @@ dataclass with a step part and/or an algorithm part to list among its bases: the
 
 from __future__ import annotations
 
-from pipeline.algorithms.adam_estep import AdamEStep, EStepSettings
-from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKSettings, AdaptiveKStep
+from pipeline.algorithms.adam_estep import AdamEStep
+from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
 from pipeline.algorithms.base import Algorithm, HardClustering
 from pipeline.algorithms.client import (
     ClientStep,
@@ -27,9 +27,16 @@ from pipeline.algorithms.client import (
     soft_tasks,
 )
 from pipeline.algorithms.fedem import FedEM, FedEMStep
-from pipeline.algorithms.hard_train import HardTrainSettings, HardTrainStep
-from pipeline.algorithms.shared_body import SharedBody, SharedBodySettings
-from pipeline.algorithms.table_noise import TableNoise, TableNoiseSettings
+from pipeline.algorithms.hard_train import HardTrainStep
+from pipeline.algorithms.settings import (
+    AdaptiveKSettings,
+    EStepSettings,
+    HardTrainSettings,
+    SharedBodySettings,
+    TableNoiseSettings,
+)
+from pipeline.algorithms.shared_body import SharedBody
+from pipeline.algorithms.table_noise import TableNoise
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask, Stage

@@ -26,11 +26,12 @@ from pipeline.errors import FedrcError
 
 @dataclass(frozen=True)
 class Entry:
-    """One row of `fedrc info`: a component, where it comes from, or why it did not load."""
+    """One row of `fedrc info`: a component's card, where it comes from, or why it did not
+    load."""
 
     name: str
     origin: str  # "built-in", or "<distribution> <version>"
-    component: Any = None
+    card: Any = None  # what `Registry.card` gives
     error: str | None = None
 
 
@@ -54,10 +55,17 @@ def _import(target: str, what: str) -> Any:
     return obj
 
 
+def _itself(card: Any) -> Any:
+    return card
+
+
 class Registry:
     """The components of one kind: built-in ones by name, then entry points, then `module:Name`.
 
-    `check(name, component)` returns an error text when a loaded object is not usable as this
+    `builtins()` maps each built-in name to its card: what `fedrc info` shows of it (its paper
+    or summary, its settings), read without importing torch; `load(card)` gives the component
+    a run uses (by default the card itself, as a model's or a dataset's spec is both).
+    `check(component)` returns an error text when a plugin's object is not usable as this
     kind (not an Algorithm subclass, …), else None.
     """
 
@@ -67,12 +75,14 @@ class Registry:
         option: str,
         builtins: Callable[[], dict[str, Any]],
         check: Callable[[Any], str | None],
+        load: Callable[[Any], Any] = _itself,
     ):
         self.kind = kind
         self.option = option
         self.group = f"fedrc.{kind}s"
         self._builtins = builtins
         self._check = check
+        self._load_builtin = load
 
     def _points(self) -> dict[str, metadata.EntryPoint]:
         return {p.name: p for p in metadata.entry_points(group=self.group)}
@@ -89,7 +99,7 @@ class Registry:
         option = option or self.option
         builtins = self._builtins()
         if name in builtins:
-            return builtins[name]
+            return self._load_builtin(builtins[name])
         points = self._points()
         if name in points:
             point = points[name]
@@ -103,15 +113,22 @@ class Registry:
             "module.path:Name)"
         )
 
+    def card(self, name: str) -> Any:
+        """What `fedrc info NAME` shows: a built-in's card, without importing it; a plugin's
+        component, imported (`get`)."""
+        builtins = self._builtins()
+        return builtins[name] if name in builtins else self.get(name)
+
     def names(self) -> list[str]:
         """Built-in names, then the installed plugins' (without importing them)."""
         return [*self._builtins(), *(n for n in self._points() if n not in self._builtins())]
 
     def entries(self) -> Iterator[Entry]:
-        """Every component, importing each plugin; a plugin that fails gives its error line."""
+        """Every component's card, importing each plugin (not the built-ins); a plugin that
+        fails gives its error line."""
         builtins = self._builtins()
-        for name, component in builtins.items():
-            yield Entry(name, "built-in", component)
+        for name, card in builtins.items():
+            yield Entry(name, "built-in", card)
         for name, point in self._points().items():
             if name in builtins:
                 yield Entry(name, _origin(point), error="name taken by a built-in; not used")

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm, num_models
+from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
+from pipeline.algorithms.base import Algorithm
 from pipeline.clients import LocalClients
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from pipeline import run_files as rf
-from pipeline.algorithms import ALGORITHMS, Algorithm, build_algorithm
+from pipeline.algorithms import ALGORITHMS, build_algorithm
+from pipeline.algorithms.base import Algorithm
 from pipeline.checks import require_finite
 from pipeline.config import (
     EvalConfig,

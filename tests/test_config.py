@@ -8,7 +8,7 @@ import pytest
 from pipeline.algorithms import num_models
 from pipeline.config import PartitionConfig, TrainConfig, build_config, read_params
 from pipeline.errors import FedrcError
-from pipeline.models.mlp import MLPSettings
+from pipeline.models.settings import MLPSettings
 from pipeline.resolve import train_config
 
 

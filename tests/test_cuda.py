@@ -34,7 +34,7 @@ def config(data: Path, out: Path, algorithm: str, **extra) -> TrainConfig:
     return make_config(data=str(data), algorithm=algorithm, out=str(out), **{**values, **extra})
 
 
-BATCHABLE = [a for a in ALGORITHMS if not BUILT_IN[a].needs_sequential]  # not staged training
+BATCHABLE = [a for a in ALGORITHMS if not BUILT_IN[a].load().needs_sequential]  # not staged
 
 
 def test_staged_algorithms_are_not_batched() -> None:

@@ -109,6 +109,15 @@ def test_an_entry_point_algorithm_is_listed_configured_and_trained(
     assert invoke("eval", "--run", "r").exit_code == 0
 
 
+def test_each_built_in_algorithm_class_is_its_card() -> None:
+    """`fedrc info` reads the cards, a run uses the classes: the same name, title, paper and
+    settings (a card naming the wrong class fails here)."""
+    for name, card in BUILT_IN_ALGORITHMS.items():
+        cls = ALGORITHMS.get(name)
+        assert (cls.name, cls.title, cls.paper) == (card.name, card.title, card.paper)
+        assert cls.Settings is card.Settings
+
+
 def test_every_built_in_setting_says_what_it_does() -> None:
     """Each built-in algorithm's and model's setting has a one-line description, and
     `fedrc info NAME` shows it in its own column."""

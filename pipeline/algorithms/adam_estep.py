@@ -15,28 +15,8 @@ from typing import Any
 import torch
 
 from pipeline.algorithms.client import Memory
-from pipeline.settings import Settings, require, setting
-
-ESTEPS = ("em", "adam")
-
-
-@dataclass(frozen=True)
-class EStepSettings(Settings):
-    """How the E-step moves γ; Adam's defaults are FedConceptEM app. D.1's."""
-
-    estep: str = setting("em", "em (the plain E-step) or adam (FedConceptEM app. D.1)")
-    adam_lr: float = setting(1.0, "α, the Adam E-step's step size")
-    adam_beta1: float = setting(0.9, "β1, the decay of the first moment ν")
-    adam_beta2: float = setting(0.99, "β2, the decay of the second moment a")
-    adam_eps: float = setting(1e-8, "ε in the Adam E-step's denominator")
-
-    def validate(self) -> None:
-        super().validate()
-        require(self.estep in ESTEPS, "estep", f"one of {ESTEPS}", self.estep)
-        require(self.adam_lr > 0, "adam_lr", "a number > 0", self.adam_lr)
-        require(0 <= self.adam_beta1 < 1, "adam_beta1", "a number in [0, 1)", self.adam_beta1)
-        require(0 <= self.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)", self.adam_beta2)
-        require(self.adam_eps > 0, "adam_eps", "a number > 0", self.adam_eps)
+from pipeline.algorithms.settings import EStepSettings
+from pipeline.settings import Settings
 
 
 @dataclass

@@ -22,22 +22,8 @@ import torch
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientStep, Memory, Upload, soft_tasks
+from pipeline.algorithms.settings import AdaptiveKSettings
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, require, setting
-
-
-@dataclass(frozen=True)
-class AdaptiveKSettings(Settings):
-    prune_threshold: float | None = setting(None, "δ: remove a model whose mean γ is below it")
-    prune_after: int = setting(0, "remove no model before this round (γ must settle)")
-    merge_gap: float | None = setting(None, "ε nats: remove one of two interchangeable models")
-
-    def validate(self) -> None:
-        super().validate()
-        pt, pa, mg = self.prune_threshold, self.prune_after, self.merge_gap
-        require(pt is None or 0 < pt < 1, "prune_threshold", "a number in (0, 1) or null", pt)
-        require(pa >= 0, "prune_after", "an integer >= 0", pa)
-        require(mg is None or mg > 0, "merge_gap", "a number > 0 (nats) or null", mg)
 
 
 def keep_after(removed_at: torch.Tensor, event: int) -> torch.Tensor:

@@ -20,43 +20,20 @@ a fixed offset), and the global copy trains through the sum with Θ_{c(i)} froze
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, positive, require, setting
 
 LLOYD_ITERATIONS = 10
 
 
-@dataclass(frozen=True)
-class CAMSettings(Settings):
-    warmup_rounds: int = setting(30, "FedAvg rounds of the global model before clustering")
-
-    def validate(self) -> None:
-        w = self.warmup_rounds
-        require(w >= 0, "warmup_rounds", "an integer >= 0", w)
-
-
-@dataclass(frozen=True)
-class FeSEMCAMSettings(CAMSettings):
-    mu: float = setting(0.01, "λ, the pull of the cluster copy towards its centre")
-
-    def validate(self) -> None:
-        super().validate()
-        require(positive(self.mu), "mu", "a number > 0", self.mu)
-
-
+@described("ifca-cam")
 class IFCACAM(Algorithm):
-    name = "ifca-cam"
-    title = "IFCA-CAM"
-    paper = "Ma et al., NeurIPS 2023"
-    Settings = CAMSettings
-
     def init_state(self) -> None:
         super().init_state()
         self.round = 0
@@ -136,13 +113,10 @@ class IFCACAM(Algorithm):
         return {**super().state_dict(), "round": self.round, "cluster": self.cluster}
 
 
+@described("fesem-cam")
 class FeSEMCAM(IFCACAM):
     """Memory: K-means needs every sampled client's cluster-side model at once; they wait in
     a `RowStore` on disk (one row per client), and Lloyd's iterations scan it in blocks."""
-
-    name = "fesem-cam"
-    title = "FeSEM-CAM"
-    Settings = FeSEMCAMSettings
 
     def init_state(self) -> None:
         super().init_state()

@@ -15,7 +15,6 @@ loss on their data the next time they are sampled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,25 +22,12 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.settings import CFLSettings
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, positive, require, setting
-
-
-@dataclass(frozen=True)
-class CFLSettings(Settings):
-    """Sattler et al.'s split thresholds (ε1 = 0.4, ε2 = 1.6) and the cap of "CFL(3)"."""
-
-    max_clusters: int | None = setting(None, "cap on the number of clusters (null: --clusters)")
-    cfl_eps1: float = setting(0.4, "ε1: a cluster splits when ‖mean update‖ < ε1 ...")
-    cfl_eps2: float = setting(1.6, "ε2: ... and max ‖update‖ > ε2")
-
-    def validate(self) -> None:
-        mc = self.max_clusters
-        require(mc is None or mc >= 1, "max_clusters", "an integer >= 1 or null", mc)
-        require(positive(self.cfl_eps1), "cfl_eps1", "a number > 0", self.cfl_eps1)
-        require(positive(self.cfl_eps2), "cfl_eps2", "a number > 0", self.cfl_eps2)
+from pipeline.settings import Settings
 
 
 def bipartition(gram: torch.Tensor) -> np.ndarray:
@@ -71,16 +57,13 @@ def gram_matrix(store: RowStore, keys: list[int]) -> torch.Tensor:
     return gram
 
 
+@described("cfl")
 class CFL(HardClustering):
     """Memory: the round's sums (K × model) and, while a split is still possible (fewer than
     `max_clusters` clusters), every sampled client's update Δ_i in a `RowStore` on disk: the
     split needs all pairwise cosines of a cluster's updates and the mean update of each half.
     Once the cap is reached nothing per client is kept beyond its norm."""
 
-    name = "cfl"
-    title = "CFL"
-    paper = "Sattler et al., IEEE TNNLS 2021"
-    Settings = CFLSettings
     settings: CFLSettings
 
     @classmethod

@@ -41,42 +41,21 @@ What fedrc chooses (protocol §9):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.settings import CFLGPSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, require, setting
 
 RESTARTS = 10  # k-means++ starts; the clustering with the least inertia is kept
 LLOYD_ITERATIONS = 300
 GRAM_CHUNK = 1 << 16  # profile coordinates turned into float64 at a time for GᵀG
-
-
-@dataclass(frozen=True)
-class CFLGPSettings(Settings):
-    """The authors' defaults (main.py): P = 2, T = 10, and 1% of the coordinates when reduced."""
-
-    clustering_period: int = setting(2, "P: cluster in rounds t with t mod P = 0 ...")
-    clustering_termination_threshold: int = setting(
-        10, "T: ... and t < T; then the clusters are frozen"
-    )
-    cycle_criterion: bool = setting(
-        True, "criterion model ⌊t/P⌋ mod K (the paper); false: always model 0"
-    )
-    profile_fraction: float = setting(0.01, "share of the coordinates kept in G (1.0: all)")
-
-    def validate(self) -> None:
-        p, t = self.clustering_period, self.clustering_termination_threshold
-        require(p >= 1, "clustering_period", "an integer >= 1", p)
-        require(t >= 1, "clustering_termination_threshold", "an integer >= 1", t)
-        f = self.profile_fraction
-        require(0 < f <= 1, "profile_fraction", "a number in (0, 1]", f)
 
 
 def spectral_embedding(columns: list[torch.Tensor], k: int) -> np.ndarray:
@@ -139,6 +118,7 @@ def match_labels(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
     return rename[new]
 
 
+@described("cfl-gp")
 class CFLGP(HardClustering):
     """Memory: each profiled client's column of G, K·P_c float32 numbers (P_c = the kept
     coordinates: with the FMNIST CNN's 2.17 M parameters, 1% and K = 3, 260 kB a client; the
@@ -146,10 +126,6 @@ class CFLGP(HardClustering):
     the sampled clients' profile rows (P_c each) in a `RowStore` on disk, and the clients' Gram
     matrix."""
 
-    name = "cfl-gp"
-    title = "CFL-GP"
-    paper = "Kim, Kim & de Veciana, ICML 2024"
-    Settings = CFLGPSettings
     settings: CFLGPSettings
 
     def init_state(self) -> None:

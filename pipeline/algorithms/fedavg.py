@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, mean_omega
 from pipeline.settings import Settings
@@ -24,12 +25,9 @@ class FedAvgStep(ClientStep):
         return torch.ones(1, dtype=torch.float64)
 
 
+@described("fedavg")
 class FedAvg(Algorithm):
     """Every client trains the single model on all its samples with weight 1."""
-
-    name = "fedavg"
-    title = "FedAvg"
-    paper = "McMahan et al., AISTATS 2017"
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:

@@ -30,48 +30,17 @@ the grouping is per label and per round, not a partition of the clients.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.settings import FedCCFASettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask, Stage
 from pipeline.errors import FedrcError
-from pipeline.settings import Settings, require, setting
-
-
-@dataclass(frozen=True)
-class FedCCFASettings(Settings):
-    """The authors' defaults (their repository's configs/FedCCFA.yaml); `lr` and `local_epochs`
-    do not apply."""
-
-    balanced_epochs: int = setting(
-        5, "(b) epochs of the balanced classifier; 0 clusters those of (c) instead"
-    )
-    balanced_lr: float = setting(0.1, "(b) learning rate of the balanced classifier")
-    balanced_per_class: int = setting(5, "(b) at most this many samples of each class")
-    clf_epochs: int = setting(1, "(c) epochs of the personal classifier")
-    clf_lr: float = setting(0.1, "(c) learning rate of the personal classifier")
-    rep_epochs: int = setting(5, "(c) epochs of the feature extractor, classifier fixed")
-    rep_lr: float = setting(0.01, "(c) learning rate of the feature extractor")
-    gamma: float = setting(20.0, "γ: alignment weight λ_i = H(P_i(Y)) / γ; 0: λ_i = lam")
-    lam: float = setting(0.0, "λ_i for every client when gamma is 0")
-    temperature: float = setting(0.1, "τ of the contrastive alignment loss")
-    align_after: int = setting(20, "rounds trained without the alignment term")
-    eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
-    min_samples: int = setting(1, "DBSCAN's min_samples: the smallest group of classifiers")
-
-    def validate(self) -> None:
-        for key in ("balanced_epochs", "clf_epochs", "align_after"):
-            require(getattr(self, key) >= 0, key, "an integer >= 0", getattr(self, key))
-        for key in ("rep_epochs", "balanced_per_class", "min_samples"):
-            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        for key in ("balanced_lr", "clf_lr", "rep_lr", "temperature", "eps"):
-            require(getattr(self, key) > 0, key, "a number > 0", getattr(self, key))
-        require(self.gamma >= 0, "gamma", "a number >= 0", self.gamma)
-        require(self.lam >= 0, "lam", "a number >= 0", self.lam)
+from pipeline.settings import Settings
 
 
 def madd(v: torch.Tensor) -> torch.Tensor:
@@ -123,11 +92,8 @@ def groups(labels: list[int]) -> list[list[int]]:
     return list(out.values())
 
 
+@described("fedccfa")
 class FedCCFA(Algorithm):
-    name = "fedccfa"
-    title = "FedCCFA"
-    paper = "Chen et al., NeurIPS 2024"
-    Settings = FedCCFASettings
     personal_models = True
     needs_sequential = True  # staged local training (`LocalTask.stages`)
     settings: FedCCFASettings

@@ -41,7 +41,6 @@ merge before it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,49 +48,10 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.settings import FedDriftEagerSettings, FedDriftSettings
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, positive, require, setting
-
-INITS = ("single", "per-client")
-DISTANCES = ("data", "model")
-
-
-@dataclass(frozen=True)
-class FedDriftEagerSettings(Settings):
-    """δ of the drift detector, in nats of mean cross-entropy (the authors' 0.06 is in accuracy:
-    6 % of the samples turning from right to confidently wrong, ≈ 3 nats each, add ≈ 0.2)."""
-
-    delta: float = setting(
-        0.2, "δ: a client drifts when its best loss on new data rises by more than δ"
-    )
-
-    def validate(self) -> None:
-        require(positive(self.delta), "delta", "a number > 0 (nats)", self.delta)
-
-
-@dataclass(frozen=True)
-class FedDriftSettings(FedDriftEagerSettings):
-    """The authors' FedDrift setting: W = 1, δ′ = δ; one model at t = 0 ('single', their README's
-    example) or one per client ('per-client', the paper's: a row each while rows last, so
-    --clusters ≥ the participating clients gives every client its own)."""
-
-    delta_merge: float | None = setting(None, "δ′: merge clusters with D ≤ δ′ (null: δ)")
-    # data: the rise of the loss on each cluster's data (the authors' 'B'); model: each model's
-    # rise from its own cluster's data to the other's (their 'A', their README's FedDrift)
-    distance: str = setting(
-        "data", "merge distance: data (the authors' B, on each cluster's data) or model (their A)"
-    )
-    window: int = setting(1, "W: a client that drifted is isolated on its new model for W steps")
-    init: str = setting("single", "the models at t = 0: single, or per-client")
-
-    def validate(self) -> None:
-        super().validate()
-        dm = self.delta_merge
-        require(dm is None or dm >= 0, "delta_merge", "a number >= 0 (nats) or null", dm)
-        require(self.window >= 1, "window", "an integer >= 1", self.window)
-        require(self.init in INITS, "init", f"one of {INITS}", self.init)
-        require(self.distance in DISTANCES, "distance", f"one of {DISTANCES}", self.distance)
 
 
 def lowest(scores: torch.Tensor, allowed: torch.Tensor) -> int:
@@ -99,12 +59,9 @@ def lowest(scores: torch.Tensor, allowed: torch.Tensor) -> int:
     return int(scores.masked_fill(~allowed, float("inf")).argmin())
 
 
+@described("feddrift")
 class FedDrift(HardClustering):
-    name = "feddrift"
-    title = "FedDrift"
-    paper = "Jothimurugesan et al., AISTATS 2023"
     unlabeled_rule = "fallback: the model in use with the lowest prediction entropy"
-    Settings = FedDriftSettings
     settings: FedDriftSettings
 
     def init_state(self) -> None:
@@ -326,14 +283,12 @@ class FedDrift(HardClustering):
         return {**super().state_dict(), **{n: getattr(self, n) for n in names}}
 
 
+@described("feddrift-eager")
 class FedDriftEager(FedDrift):
     """FedDrift-Eager: every client that drifts in a step joins the step's one new row (opened
     by the first of them); the new row sits out the detector for the rest of its step, like a
     row of FedDrift's window of one step; nothing merges."""
 
-    name = "feddrift-eager"
-    title = "FedDrift-Eager"
-    Settings = FedDriftEagerSettings
     settings: FedDriftEagerSettings
 
     def init_state(self) -> None:

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
-from pipeline.algorithms.adam_estep import AdamEStep, EStepSettings
+from pipeline.algorithms import described
+from pipeline.algorithms.adam_estep import AdamEStep
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, Upload, mean_omega
+from pipeline.algorithms.settings import EStepSettings
 from pipeline.engine.task import LocalTask
 
 
@@ -51,11 +53,8 @@ class FedEMStep(ClientStep, AdamEStep):
         return mean_omega(self.responsibilities(losses, labels, held_out=True))
 
 
+@described("fedem")
 class FedEM(Algorithm):
-    name = "fedem"
-    title = "FedEM"
-    paper = "Marfoq et al., NeurIPS 2021"
-    Settings = EStepSettings
     settings: EStepSettings
     Step = FedEMStep
 

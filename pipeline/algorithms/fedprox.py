@@ -11,19 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
+from pipeline.algorithms.settings import ProximalSettings
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, positive, require, setting
-
-
-@dataclass(frozen=True)
-class ProximalSettings(Settings):
-    """The coefficient of a proximal term (λ/2)‖w − anchor‖² in the local loss."""
-
-    mu: float = setting(0.01, "μ, the weight of the proximal term (μ/2)‖w − anchor‖²")
-
-    def validate(self) -> None:
-        require(positive(self.mu), "mu", "a number > 0", self.mu)
 
 
 def proximal_tasks(gamma: torch.Tensor, models: torch.Tensor, mu: float) -> list[LocalTask]:
@@ -39,11 +30,8 @@ class FedProxStep(FedAvgStep):
         return proximal_tasks(gamma, models, self.mu)
 
 
+@described("fedprox")
 class FedProx(FedAvg):
-    name = "fedprox"
-    title = "FedProx"
-    paper = "Li et al., MLSys 2020"
-    Settings = ProximalSettings
     settings: ProximalSettings
     Step = FedProxStep
 

@@ -18,36 +18,18 @@ The paper's variants are pieces of their own, each switched on by its settings
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from pipeline.algorithms.adam_estep import EStepSettings
-from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKSettings, AdaptiveKStep
+from pipeline.algorithms import described
+from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
 from pipeline.algorithms.client import Upload
 from pipeline.algorithms.fedem import FedEM, FedEMStep
-from pipeline.algorithms.hard_train import HardTrainSettings, HardTrainStep
-from pipeline.algorithms.shared_body import SharedBody, SharedBodySettings
-from pipeline.algorithms.table_noise import TableNoise, TableNoiseSettings
-from pipeline.settings import require, setting
-
-
-@dataclass(frozen=True)
-class FedRCSettings(
-    SharedBodySettings, TableNoiseSettings, HardTrainSettings, AdaptiveKSettings, EStepSettings
-):
-    """FedRC's options; defaults are the paper's (Adam's from FedConceptEM app. D.1)."""
-
-    label_floor: float = setting(1e-8, "floor on the summed label tables before normalising")
-    heldout_label_prior: bool = setting(True, "apply C_{y,k} in held-out E-steps (paper eq. 3)")
-
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "reference": {"heldout_label_prior": False, "adam_beta1": 0.5, "adam_beta2": 0.5}
-    }
-
-    def validate(self) -> None:
-        super().validate()
-        require(0 < self.label_floor < 1, "label_floor", "a number in (0, 1)", self.label_floor)
+from pipeline.algorithms.hard_train import HardTrainStep
+from pipeline.algorithms.settings import FedRCSettings
+from pipeline.algorithms.shared_body import SharedBody
+from pipeline.algorithms.table_noise import TableNoise
 
 
 @dataclass
@@ -73,11 +55,8 @@ class FedRCStep(HardTrainStep, AdaptiveKStep, FedEMStep):
         }
 
 
+@described("fedrc")
 class FedRC(AdaptiveK, SharedBody, TableNoise, FedEM):
-    name = "fedrc"
-    title = "FedRC"
-    paper = "Guo et al., ICML 2024"
-    Settings = FedRCSettings
     settings: FedRCSettings
     Step = FedRCStep
 

@@ -15,30 +15,21 @@ the round itself adds only K × model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.fedprox import ProximalSettings
+from pipeline.algorithms.settings import FedSoftSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask
-from pipeline.settings import setting
 
 FLOOR = 1e-4
 
 
-@dataclass(frozen=True)
-class FedSoftSettings(ProximalSettings):
-    mu: float = setting(0.1, "λ, the pull of the personal model towards Σ_k u_ik θ_k")
-
-
+@described("fedsoft")
 class FedSoft(Algorithm):
-    name = "fedsoft"
-    title = "FedSoft"
-    paper = "Ruan & Joe-Wong, AAAI 2022"
-    Settings = FedSoftSettings
     personal_models = True
     settings: FedSoftSettings
 

@@ -13,15 +13,13 @@ from typing import Any
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
 from pipeline.engine.task import LocalResult, LocalTask
 
 
+@described("fesem")
 class FeSEM(HardClustering):
-    name = "fesem"
-    title = "FeSEM"
-    paper = "Long et al., World Wide Web 2023"
-
     def init_state(self) -> None:
         super().init_state()
         self.cluster = torch.full((self.num_clients,), -1, dtype=torch.long)

@@ -40,39 +40,22 @@ swaps labels on the same images cannot be told apart at test time.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.settings import FLUXSettings
 from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.errors import FedrcError
 from pipeline.models import build_model
-from pipeline.settings import Settings, positive, require, setting
 
 WARMUP, CLUSTER, CLUSTERED, RECLUSTER = 0, 1, 2, 3  # `phase`
 POINTS, SEED, MARGIN = 200, 1, 1.02  # the projection's sample, its seed, the bound's margin
-
-
-@dataclass(frozen=True)
-class FLUXSettings(Settings):
-    """The authors' defaults (public/config.py): th_round 0.06, eps_scaling 1.0."""
-
-    th_round: float = setting(0.06, "cluster once a warm-up accuracy gain is below this ...")
-    eps_scaling: float = setting(1.0, "DBSCAN's eps = knee of the 1-NN distances × this")
-    cluster_round: int | None = setting(None, "... or at this round (null: the accuracy trigger)")
-
-    def validate(self) -> None:
-        th = self.th_round
-        require(th >= 0, "th_round", "a number >= 0", th)
-        es = self.eps_scaling
-        require(positive(es), "eps_scaling", "a number > 0", es)
-        cr = self.cluster_round
-        require(cr is None or cr >= 2, "cluster_round", "an integer >= 2 or null", cr)
 
 
 # --- the descriptor, client side ------------------------------------------------------------
@@ -236,14 +219,11 @@ def adaptive_dbscan(points: torch.Tensor, eps_scaling: float, cap: int) -> torch
     return cap_clusters(points, dbscan(points, eps), cap)
 
 
+@described("flux")
 class FLUX(HardClustering):
     """State: the phase, the warm-up's last accuracy, the bound b, each client's cluster
     (−1: not described yet), the centroids and group scaling, the frozen global model."""
 
-    name = "flux"
-    title = "FLUX"
-    paper = "Fenoglio et al., NeurIPS 2025"
-    Settings = FLUXSettings
     settings: FLUXSettings
     describes = True  # every round of the warm-up, the clustering rounds and newcomers
     unlabeled_rule = "nearest cluster centroid of the P(X) descriptor (the frozen global model)"

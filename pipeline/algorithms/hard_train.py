@@ -9,12 +9,6 @@ import torch
 
 from pipeline.algorithms.client import ClientStep, mean_omega
 from pipeline.engine.task import LocalTask
-from pipeline.settings import Settings, setting
-
-
-@dataclass(frozen=True)
-class HardTrainSettings(Settings):
-    hard_train: bool = setting(False, "TrHC: train only the arg-max ω model, every sample")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import (
     ClientOutcome,
@@ -34,10 +35,8 @@ class IFCAStep(ClientStep):
         return hard_tasks(gamma, models)
 
 
+@described("ifca")
 class IFCA(HardClustering):
-    name = "ifca"
-    title = "IFCA"
-    paper = "Ghosh et al., NeurIPS 2020"
     Step = IFCAStep
 
     def client_step(self, client: int) -> IFCAStep:

@@ -30,40 +30,14 @@ authors' `hstack` does: the angles cannot tell which label a subspace carries.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
-from pipeline.settings import Settings, require, setting
-
-LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum', 'minimum'
-ANGLES = ("elementwise", "principal")
-
-
-@dataclass(frozen=True)
-class PACFLSettings(Settings):
-    """The authors' defaults: n_basis 5 (their scripts: 3), average linkage, elementwise angle.
-    β is tuned per dataset (theirs: 3.5 by default, 4.9 for CIFAR-10, 9.88 CIFAR-100, 42 MIX-4);
-    20° is fedrc's, for its FMNIST benchmark (docs/protocol.md §8)."""
-
-    n_basis: int = setting(5, "p, left singular vectors per class")
-    cluster_alpha: float = setting(
-        20.0, "β: merge while the closest clusters are ≤ β degrees apart"
-    )
-    linkage: str = setting("average", "hierarchical clustering: average, complete or single")
-    angle: str = setting(
-        "elementwise", "subspace angle: elementwise (the authors' code) or principal"
-    )
-
-    def validate(self) -> None:
-        require(self.n_basis >= 1, "n_basis", "an integer >= 1", self.n_basis)
-        beta = self.cluster_alpha
-        require(0 <= beta <= 180, "cluster_alpha", "an angle in degrees in [0, 180]", beta)
-        require(self.linkage in LINKAGES, "linkage", f"one of {LINKAGES}", self.linkage)
-        require(self.angle in ANGLES, "angle", f"one of {ANGLES}", self.angle)
+from pipeline.algorithms.settings import PACFLSettings
 
 
 def subspace_bases(
@@ -117,14 +91,11 @@ def agglomerate(distance: np.ndarray, beta: float, linkage: str, cap: int) -> li
     return groups
 
 
+@described("pacfl")
 class PACFL(HardClustering):
     """State: each described client's signature (its non-empty blocks, float32), its cluster
     (−1 until described) and the number of clusters in use; ω_i one-hot on the cluster."""
 
-    name = "pacfl"
-    title = "PACFL"
-    paper = "Vahidian et al., AAAI 2023"
-    Settings = PACFLSettings
     settings: PACFLSettings
     describes = True
 

@@ -8,18 +8,11 @@ server (the fallback: `Algorithm.client_part` is False).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.settings import SharedBodySettings
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, setting
-
-
-@dataclass(frozen=True)
-class SharedBodySettings(Settings):
-    shared_body: bool = setting(False, "one feature extractor shared by the K models, K heads")
 
 
 class SharedBody(Algorithm):

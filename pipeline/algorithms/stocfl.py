@@ -39,37 +39,19 @@ Memory: ψ_i of every client seen (clients × model, float32), as the authors' s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm, lowest_loss, one_hot
+from pipeline.algorithms.settings import StoCFLSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings, require, setting
 
 
-@dataclass(frozen=True)
-class StoCFLSettings(Settings):
-    """The authors' argparse defaults; their README runs use τ = 0.2 (clustering only, 4
-    groups) and τ = 0.65 with μ = 0.05 (rotated CIFAR-10)."""
-
-    tau: float = setting(0.3, "τ: unite two sampled clusters while cos(d_a, d_b) ≥ τ")
-    mu: float = setting(
-        0.05, "μ, the pull (μ/2)‖w − θ_g‖² of a cluster model towards the global one"
-    )
-
-    def validate(self) -> None:
-        require(-1 <= self.tau <= 1, "tau", "a number in [-1, 1] (a cosine)", self.tau)
-        require(self.mu >= 0, "mu", "a number >= 0", self.mu)
-
-
+@described("stocfl")
 class StoCFL(Algorithm):
-    name = "stocfl"
-    title = "StoCFL"
-    paper = "Zeng et al., arXiv:2303.00897, 2023"
-    Settings = StoCFLSettings
     settings: StoCFLSettings
 
     def init_state(self) -> None:

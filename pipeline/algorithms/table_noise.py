@@ -4,23 +4,13 @@ from the run's seeded generator."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import Upload
-from pipeline.settings import Settings, require, setting
-
-
-@dataclass(frozen=True)
-class TableNoiseSettings(Settings):
-    table_noise: float = setting(0.0, "ξ, the std of Gaussian noise on the label tables")
-
-    def validate(self) -> None:
-        super().validate()
-        require(self.table_noise >= 0, "table_noise", "a number >= 0", self.table_noise)
+from pipeline.algorithms.settings import TableNoiseSettings
 
 
 class TableNoise(Algorithm):

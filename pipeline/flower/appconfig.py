@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.algorithms import ALGORITHMS
 from pipeline.config import TrainConfig, config_dict
 from pipeline.errors import FedrcError
 from pipeline.io import atomic_file
@@ -38,8 +39,6 @@ class Deployment:
 
 def check_config(config: TrainConfig) -> None:
     """What `fedrc train` allows but a deployment cannot do."""
-    from pipeline.algorithms import ALGORITHMS  # torch, which `fedrc flower app --help` skips
-
     if config.persistent_momentum:
         raise FedrcError(
             "persistent_momentum: not available on Flower (each client's momentum would have "

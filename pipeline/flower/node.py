@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from flwr.app import RecordDict
 
-from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.algorithms import build_algorithm
+from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import Memory, client_accuracy
 from pipeline.clients import ClientWork, client_jobs, held_out_omega
 from pipeline.data.shards import load_federated, read_manifest

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from flwr.app import Message, RecordDict
 
-from pipeline.algorithms import Algorithm, build_algorithm
+from pipeline.algorithms import build_algorithm
+from pipeline.algorithms.base import Algorithm
 from pipeline.clients import ClientWork, LocalClients, receive_held_out, score_tables
 from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig

@@ -1,22 +1,20 @@
 """Models by name (`MODELS`: built-in or a plugin), built for a dataset's image shape and number
-of classes."""
+of classes. The specs and their settings (`settings.py`) are read without torch (`fedrc info`);
+a model's code, and torch, are imported when it is built."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import FedrcError
-from pipeline.models.cnn import FmnistCNN
-from pipeline.models.mlp import MLPSettings, build_mlp
+from pipeline.models.settings import MLPSettings, TorchvisionSettings
 from pipeline.plugins import Registry
-from pipeline.settings import Settings, require, setting
+from pipeline.settings import Settings
 
-NORMS = ("batch", "group")
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -32,20 +30,17 @@ class ModelSpec:
     settings: type[Settings] = Settings
 
 
-@dataclass(frozen=True)
-class TorchvisionSettings(Settings):
-    pretrained: bool = setting(False, "start from torchvision's ImageNet weights")
-    norm: str = setting("batch", "batch, or group: GroupNorm in place of BatchNorm")
-
-    def validate(self) -> None:
-        require(self.norm in NORMS, "norm", f"one of {NORMS}", self.norm)
-        ok = not (self.pretrained and self.norm == "group")
-        require(ok, "pretrained", "false with norm: group (ImageNet weights need BatchNorm)", True)
-
-
 def _cnn(shape: tuple[int, int, int], num_classes: int, settings: Any) -> nn.Module:
+    from pipeline.models.cnn import FmnistCNN
+
     height, width, channels = shape
     return FmnistCNN(channels, height, width, num_classes)
+
+
+def _mlp(shape: tuple[int, int, int], num_classes: int, settings: MLPSettings) -> nn.Module:
+    from pipeline.models.mlp import build_mlp
+
+    return build_mlp(shape, num_classes, settings)
 
 
 def _torchvision(name: str) -> Callable[[tuple[int, int, int], int, Any], nn.Module]:
@@ -74,7 +69,7 @@ BUILT_IN = {
             "mlp",
             "A perceptron for any input: FedDrift's fnn, one hidden layer 2× the input "
             "(Jothimurugesan et al., AISTATS 2023); the drift streams' model",
-            build_mlp,
+            _mlp,
             MLPSettings,
         ),
     )
@@ -118,6 +113,8 @@ def build_model(
 def probe(model: nn.Module, image_shape: tuple[int, int, int]) -> None:
     """One forward pass of a blank image, in eval mode and without gradients, so nothing is
     drawn from the random generator and no statistic moves; each module's mode is restored."""
+    import torch
+
     height, width, channels = image_shape
     modes = [(module, module.training) for module in model.modules()]
     model.eval()

@@ -7,24 +7,9 @@ The executors hand every model uint8 images scaled to [−1, 1]; this one flatte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
-from pipeline.settings import Settings, require, setting
-
-
-@dataclass(frozen=True)
-class MLPSettings(Settings):
-    hidden: int | None = setting(
-        None, "width of each hidden layer; null: 2 × the input size (FedDrift)"
-    )
-    layers: int = setting(1, "number of hidden layers")
-
-    def validate(self) -> None:
-        ok = self.hidden is None or self.hidden >= 1
-        require(ok, "hidden", "an integer >= 1 or null", self.hidden)
-        require(self.layers >= 1, "layers", "an integer >= 1", self.layers)
+from pipeline.models.settings import MLPSettings
 
 
 def build_mlp(shape: tuple[int, int, int], num_classes: int, settings: MLPSettings) -> nn.Module:

@@ -1,0 +1,283 @@
+"""Each built-in algorithm's own settings: frozen dataclasses of typed fields with the paper's
+defaults and a one-line description each (`setting`), checked by `validate`.
+
+They are here, apart from the algorithms' code, so that `fedrc info NAME` lists them without
+importing torch; each algorithm's module imports its class from here, and its card
+(`pipeline.algorithms.BUILT_IN`) names it. A plugin defines its settings beside its algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.settings import Settings, positive, require, setting
+
+ESTEPS = ("em", "adam")
+LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum', 'minimum'
+ANGLES = ("elementwise", "principal")
+INITS = ("single", "per-client")
+DISTANCES = ("data", "model")
+
+
+@dataclass(frozen=True)
+class ProximalSettings(Settings):
+    """The coefficient of a proximal term (λ/2)‖w − anchor‖² in the local loss."""
+
+    mu: float = setting(0.01, "μ, the weight of the proximal term (μ/2)‖w − anchor‖²")
+
+    def validate(self) -> None:
+        require(positive(self.mu), "mu", "a number > 0", self.mu)
+
+
+@dataclass(frozen=True)
+class FedSoftSettings(ProximalSettings):
+    mu: float = setting(0.1, "λ, the pull of the personal model towards Σ_k u_ik θ_k")
+
+
+@dataclass(frozen=True)
+class CFLSettings(Settings):
+    """Sattler et al.'s split thresholds (ε1 = 0.4, ε2 = 1.6) and the cap of "CFL(3)"."""
+
+    max_clusters: int | None = setting(None, "cap on the number of clusters (null: --clusters)")
+    cfl_eps1: float = setting(0.4, "ε1: a cluster splits when ‖mean update‖ < ε1 ...")
+    cfl_eps2: float = setting(1.6, "ε2: ... and max ‖update‖ > ε2")
+
+    def validate(self) -> None:
+        mc = self.max_clusters
+        require(mc is None or mc >= 1, "max_clusters", "an integer >= 1 or null", mc)
+        require(positive(self.cfl_eps1), "cfl_eps1", "a number > 0", self.cfl_eps1)
+        require(positive(self.cfl_eps2), "cfl_eps2", "a number > 0", self.cfl_eps2)
+
+
+@dataclass(frozen=True)
+class EStepSettings(Settings):
+    """How the E-step moves γ; Adam's defaults are FedConceptEM app. D.1's."""
+
+    estep: str = setting("em", "em (the plain E-step) or adam (FedConceptEM app. D.1)")
+    adam_lr: float = setting(1.0, "α, the Adam E-step's step size")
+    adam_beta1: float = setting(0.9, "β1, the decay of the first moment ν")
+    adam_beta2: float = setting(0.99, "β2, the decay of the second moment a")
+    adam_eps: float = setting(1e-8, "ε in the Adam E-step's denominator")
+
+    def validate(self) -> None:
+        super().validate()
+        require(self.estep in ESTEPS, "estep", f"one of {ESTEPS}", self.estep)
+        require(self.adam_lr > 0, "adam_lr", "a number > 0", self.adam_lr)
+        require(0 <= self.adam_beta1 < 1, "adam_beta1", "a number in [0, 1)", self.adam_beta1)
+        require(0 <= self.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)", self.adam_beta2)
+        require(self.adam_eps > 0, "adam_eps", "a number > 0", self.adam_eps)
+
+
+@dataclass(frozen=True)
+class AdaptiveKSettings(Settings):
+    prune_threshold: float | None = setting(None, "δ: remove a model whose mean γ is below it")
+    prune_after: int = setting(0, "remove no model before this round (γ must settle)")
+    merge_gap: float | None = setting(None, "ε nats: remove one of two interchangeable models")
+
+    def validate(self) -> None:
+        super().validate()
+        pt, pa, mg = self.prune_threshold, self.prune_after, self.merge_gap
+        require(pt is None or 0 < pt < 1, "prune_threshold", "a number in (0, 1) or null", pt)
+        require(pa >= 0, "prune_after", "an integer >= 0", pa)
+        require(mg is None or mg > 0, "merge_gap", "a number > 0 (nats) or null", mg)
+
+
+@dataclass(frozen=True)
+class HardTrainSettings(Settings):
+    hard_train: bool = setting(False, "TrHC: train only the arg-max ω model, every sample")
+
+
+@dataclass(frozen=True)
+class TableNoiseSettings(Settings):
+    table_noise: float = setting(0.0, "ξ, the std of Gaussian noise on the label tables")
+
+    def validate(self) -> None:
+        super().validate()
+        require(self.table_noise >= 0, "table_noise", "a number >= 0", self.table_noise)
+
+
+@dataclass(frozen=True)
+class SharedBodySettings(Settings):
+    shared_body: bool = setting(False, "one feature extractor shared by the K models, K heads")
+
+
+@dataclass(frozen=True)
+class FedRCSettings(
+    SharedBodySettings, TableNoiseSettings, HardTrainSettings, AdaptiveKSettings, EStepSettings
+):
+    """FedRC's options; defaults are the paper's (Adam's from FedConceptEM app. D.1)."""
+
+    label_floor: float = setting(1e-8, "floor on the summed label tables before normalising")
+    heldout_label_prior: bool = setting(True, "apply C_{y,k} in held-out E-steps (paper eq. 3)")
+
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {
+        "reference": {"heldout_label_prior": False, "adam_beta1": 0.5, "adam_beta2": 0.5}
+    }
+
+    def validate(self) -> None:
+        super().validate()
+        require(0 < self.label_floor < 1, "label_floor", "a number in (0, 1)", self.label_floor)
+
+
+@dataclass(frozen=True)
+class CAMSettings(Settings):
+    warmup_rounds: int = setting(30, "FedAvg rounds of the global model before clustering")
+
+    def validate(self) -> None:
+        w = self.warmup_rounds
+        require(w >= 0, "warmup_rounds", "an integer >= 0", w)
+
+
+@dataclass(frozen=True)
+class FeSEMCAMSettings(CAMSettings):
+    mu: float = setting(0.01, "λ, the pull of the cluster copy towards its centre")
+
+    def validate(self) -> None:
+        super().validate()
+        require(positive(self.mu), "mu", "a number > 0", self.mu)
+
+
+@dataclass(frozen=True)
+class PACFLSettings(Settings):
+    """The authors' defaults: n_basis 5 (their scripts: 3), average linkage, elementwise angle.
+    β is tuned per dataset (theirs: 3.5 by default, 4.9 for CIFAR-10, 9.88 CIFAR-100, 42 MIX-4);
+    20° is fedrc's, for its FMNIST benchmark (docs/protocol.md §8)."""
+
+    n_basis: int = setting(5, "p, left singular vectors per class")
+    cluster_alpha: float = setting(
+        20.0, "β: merge while the closest clusters are ≤ β degrees apart"
+    )
+    linkage: str = setting("average", "hierarchical clustering: average, complete or single")
+    angle: str = setting(
+        "elementwise", "subspace angle: elementwise (the authors' code) or principal"
+    )
+
+    def validate(self) -> None:
+        require(self.n_basis >= 1, "n_basis", "an integer >= 1", self.n_basis)
+        beta = self.cluster_alpha
+        require(0 <= beta <= 180, "cluster_alpha", "an angle in degrees in [0, 180]", beta)
+        require(self.linkage in LINKAGES, "linkage", f"one of {LINKAGES}", self.linkage)
+        require(self.angle in ANGLES, "angle", f"one of {ANGLES}", self.angle)
+
+
+@dataclass(frozen=True)
+class CFLGPSettings(Settings):
+    """The authors' defaults (main.py): P = 2, T = 10, and 1% of the coordinates when reduced."""
+
+    clustering_period: int = setting(2, "P: cluster in rounds t with t mod P = 0 ...")
+    clustering_termination_threshold: int = setting(
+        10, "T: ... and t < T; then the clusters are frozen"
+    )
+    cycle_criterion: bool = setting(
+        True, "criterion model ⌊t/P⌋ mod K (the paper); false: always model 0"
+    )
+    profile_fraction: float = setting(0.01, "share of the coordinates kept in G (1.0: all)")
+
+    def validate(self) -> None:
+        p, t = self.clustering_period, self.clustering_termination_threshold
+        require(p >= 1, "clustering_period", "an integer >= 1", p)
+        require(t >= 1, "clustering_termination_threshold", "an integer >= 1", t)
+        f = self.profile_fraction
+        require(0 < f <= 1, "profile_fraction", "a number in (0, 1]", f)
+
+
+@dataclass(frozen=True)
+class StoCFLSettings(Settings):
+    """The authors' argparse defaults; their README runs use τ = 0.2 (clustering only, 4
+    groups) and τ = 0.65 with μ = 0.05 (rotated CIFAR-10)."""
+
+    tau: float = setting(0.3, "τ: unite two sampled clusters while cos(d_a, d_b) ≥ τ")
+    mu: float = setting(
+        0.05, "μ, the pull (μ/2)‖w − θ_g‖² of a cluster model towards the global one"
+    )
+
+    def validate(self) -> None:
+        require(-1 <= self.tau <= 1, "tau", "a number in [-1, 1] (a cosine)", self.tau)
+        require(self.mu >= 0, "mu", "a number >= 0", self.mu)
+
+
+@dataclass(frozen=True)
+class FedDriftEagerSettings(Settings):
+    """δ of the drift detector, in nats of mean cross-entropy (the authors' 0.06 is in accuracy:
+    6 % of the samples turning from right to confidently wrong, ≈ 3 nats each, add ≈ 0.2)."""
+
+    delta: float = setting(
+        0.2, "δ: a client drifts when its best loss on new data rises by more than δ"
+    )
+
+    def validate(self) -> None:
+        require(positive(self.delta), "delta", "a number > 0 (nats)", self.delta)
+
+
+@dataclass(frozen=True)
+class FedDriftSettings(FedDriftEagerSettings):
+    """The authors' FedDrift setting: W = 1, δ′ = δ; one model at t = 0 ('single', their README's
+    example) or one per client ('per-client', the paper's: a row each while rows last, so
+    --clusters ≥ the participating clients gives every client its own)."""
+
+    delta_merge: float | None = setting(None, "δ′: merge clusters with D ≤ δ′ (null: δ)")
+    # data: the rise of the loss on each cluster's data (the authors' 'B'); model: each model's
+    # rise from its own cluster's data to the other's (their 'A', their README's FedDrift)
+    distance: str = setting(
+        "data", "merge distance: data (the authors' B, on each cluster's data) or model (their A)"
+    )
+    window: int = setting(1, "W: a client that drifted is isolated on its new model for W steps")
+    init: str = setting("single", "the models at t = 0: single, or per-client")
+
+    def validate(self) -> None:
+        super().validate()
+        dm = self.delta_merge
+        require(dm is None or dm >= 0, "delta_merge", "a number >= 0 (nats) or null", dm)
+        require(self.window >= 1, "window", "an integer >= 1", self.window)
+        require(self.init in INITS, "init", f"one of {INITS}", self.init)
+        require(self.distance in DISTANCES, "distance", f"one of {DISTANCES}", self.distance)
+
+
+@dataclass(frozen=True)
+class FLUXSettings(Settings):
+    """The authors' defaults (public/config.py): th_round 0.06, eps_scaling 1.0."""
+
+    th_round: float = setting(0.06, "cluster once a warm-up accuracy gain is below this ...")
+    eps_scaling: float = setting(1.0, "DBSCAN's eps = knee of the 1-NN distances × this")
+    cluster_round: int | None = setting(None, "... or at this round (null: the accuracy trigger)")
+
+    def validate(self) -> None:
+        th = self.th_round
+        require(th >= 0, "th_round", "a number >= 0", th)
+        es = self.eps_scaling
+        require(positive(es), "eps_scaling", "a number > 0", es)
+        cr = self.cluster_round
+        require(cr is None or cr >= 2, "cluster_round", "an integer >= 2 or null", cr)
+
+
+@dataclass(frozen=True)
+class FedCCFASettings(Settings):
+    """The authors' defaults (their repository's configs/FedCCFA.yaml); `lr` and `local_epochs`
+    do not apply."""
+
+    balanced_epochs: int = setting(
+        5, "(b) epochs of the balanced classifier; 0 clusters those of (c) instead"
+    )
+    balanced_lr: float = setting(0.1, "(b) learning rate of the balanced classifier")
+    balanced_per_class: int = setting(5, "(b) at most this many samples of each class")
+    clf_epochs: int = setting(1, "(c) epochs of the personal classifier")
+    clf_lr: float = setting(0.1, "(c) learning rate of the personal classifier")
+    rep_epochs: int = setting(5, "(c) epochs of the feature extractor, classifier fixed")
+    rep_lr: float = setting(0.01, "(c) learning rate of the feature extractor")
+    gamma: float = setting(20.0, "γ: alignment weight λ_i = H(P_i(Y)) / γ; 0: λ_i = lam")
+    lam: float = setting(0.0, "λ_i for every client when gamma is 0")
+    temperature: float = setting(0.1, "τ of the contrastive alignment loss")
+    align_after: int = setting(20, "rounds trained without the alignment term")
+    eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
+    min_samples: int = setting(1, "DBSCAN's min_samples: the smallest group of classifiers")
+
+    def validate(self) -> None:
+        for key in ("balanced_epochs", "clf_epochs", "align_after"):
+            require(getattr(self, key) >= 0, key, "an integer >= 0", getattr(self, key))
+        for key in ("rep_epochs", "balanced_per_class", "min_samples"):
+            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        for key in ("balanced_lr", "clf_lr", "rep_lr", "temperature", "eps"):
+            require(getattr(self, key) > 0, key, "a number > 0", getattr(self, key))
+        require(self.gamma >= 0, "gamma", "a number >= 0", self.gamma)
+        require(self.lam >= 0, "lam", "a number >= 0", self.lam)
