@@ -136,6 +136,12 @@ def test_local_tasks_follow_the_authors_stages_and_weight() -> None:
     assert later[1].stages[1].align == pytest.approx(math.log(2) / 20)
     anchors = later[1].class_anchors
     assert torch.isfinite(anchors[0]).all() and torch.isnan(anchors[1]).all()
+    assert later[1].stages[1].penalize == "CL"
+    l2 = make(clients=2, align_after=1, penalize="L2")
+    l2.rounds_done, l2.has_head[0], l2.anchored[0, 0] = 1, True, True
+    l2.counts[0] = algo.counts[0]
+    l2.begin_round(models)
+    assert l2.local_tasks(0, torch.ones(4, 1), models, None)[1].stages[1].penalize == "L2"
 
 
 def test_settings_are_checked_and_persistent_momentum_refused() -> None:
@@ -143,6 +149,8 @@ def test_settings_are_checked_and_persistent_momentum_refused() -> None:
         make_config(algorithm="fedccfa", rep_epochs=0)
     with pytest.raises(FedrcError, match=r"^train\.fedccfa\.eps: expected a number > 0"):
         make_config(algorithm="fedccfa", eps=0.0)
+    with pytest.raises(FedrcError, match=r"^train\.fedccfa\.penalize: expected one of"):
+        make_config(algorithm="fedccfa", penalize="l1")
     with pytest.raises(FedrcError, match=r"^train\.persistent_momentum: fedccfa"):
         make(persistent_momentum=True)
 

@@ -99,6 +99,26 @@ def test_alignment_term_matches_hand_computation() -> None:
     torch.testing.assert_close(alignment(h, torch.tensor([0, 1]), missing, 1.0), torch.zeros(2))
 
 
+def test_l2_alignment_matches_hand_computation_and_the_authors_mse() -> None:
+    """`penalize: L2`: ℓ_b = ‖h_b − A_{y_b}‖² / D, so the batch mean is MSELoss(h, A_y)."""
+    h = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    # own anchors: (0, 0) → 0 and (0, 1) → 1/2; the other class's: (1, −1) → 1, (−1, 2) → 5/2
+    ell = alignment(h, torch.tensor([0, 1]), anchors, 0.1, "L2")
+    torch.testing.assert_close(ell, torch.tensor([0.0, 0.5]))
+    ell = alignment(h, torch.tensor([1, 0]), anchors, 0.1, "L2")
+    torch.testing.assert_close(ell, torch.tensor([1.0, 2.5]))
+    mse = nn.MSELoss()(h, anchors[torch.tensor([1, 0])])
+    torch.testing.assert_close(ell.mean(), mse)
+    # class 1 without an anchor: its sample adds 0, and no NaN reaches the gradient
+    missing = torch.tensor([[1.0, 0.0], [math.nan, math.nan]])
+    x = torch.tensor([[3.0, 0.0], [0.0, 2.0]], requires_grad=True)
+    ell = alignment(x, torch.tensor([0, 1]), missing, 0.1, "L2")
+    torch.testing.assert_close(ell, torch.tensor([2.0, 0.0]))  # ‖(2, 0)‖² / 2
+    ell.sum().backward()
+    torch.testing.assert_close(x.grad, torch.tensor([[2.0, 0.0], [0.0, 0.0]]))  # 2(h − A)/D
+
+
 def test_alignment_moves_the_extractor_and_prototypes_are_class_means() -> None:
     executor, start, images, labels = tiny()
     head = head_range(executor.model)
@@ -112,6 +132,13 @@ def test_alignment_moves_the_extractor_and_prototypes_are_class_means() -> None:
     a = executor.train(plain, images, labels, seed=3)
     b = executor.train(pulled, images, labels, seed=3)
     assert not torch.equal(a.params, b.params)
+    l2 = LocalTask(
+        0, start, torch.ones(30), stages=(Stage(1, 0.1, align=1.0, penalize="L2", **stage),),
+        class_anchors=anchors,
+    )  # fmt: skip
+    c = executor.train(l2, images, labels, seed=3)
+    assert not torch.equal(c.params, a.params) and not torch.equal(c.params, b.params)
+    assert torch.equal(c.params[head[0] :], start[head[0] :])  # the classifier stays fixed
     assert a.loss_sum == pytest.approx(executor.train(plain, images, labels, seed=3).loss_sum)
     # the prototypes: mean of the final layer's input per class, under the trained model
     executor.load(b.params)

@@ -9,7 +9,8 @@ A sampled client i, in the authors' order (their `methods/FedCCFA.py`):
       samples of each class it has): the classifier v_i that is clustered;
   (c) trains its personal classifier (on a first visit: the classifier of (b)) for `clf_epochs`
       at `clf_lr`, then the extractor alone for `rep_epochs` at `rep_lr` with the loss
-      CE + λ_i ℓ_CL, ℓ_CL = −log softmax_c(cos(h, A_ic) / τ)[y] towards its class anchors A_i,
+      CE + λ_i ℓ towards its class anchors A_i: `penalize: CL`, ℓ = −log softmax_c(cos(h, A_ic)
+      / τ)[y]; `penalize: L2`, ℓ = ‖h − A_iy‖² / D (the authors' MSELoss over the batch);
       λ_i = H(P_i(Y)) / γ (the entropy of its label distribution, in nats), from round
       `align_after` + 1 on and once the client has anchors;
   then sends the extractor, its classifier and its class prototypes P_ic = mean_{y=c} h.
@@ -174,8 +175,9 @@ class FedCCFA(Algorithm):
             anchors = anchors.to(models)
         personal = Stage(s.clf_epochs, s.clf_lr, train=self.head)
         extractor = Stage(
-            s.rep_epochs, s.rep_lr, freeze=self.head, align=lam, temperature=s.temperature
-        )
+            s.rep_epochs, s.rep_lr, freeze=self.head, align=lam, temperature=s.temperature,
+            penalize=s.penalize,
+        )  # fmt: skip
         stages = (personal, extractor) if s.clf_epochs > 0 else (extractor,)
         if bool(self.has_head[client]):
             begin = models[0].clone()

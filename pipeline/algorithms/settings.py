@@ -18,6 +18,7 @@ LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum
 ANGLES = ("elementwise", "principal")
 INITS = ("single", "per-client")
 DISTANCES = ("data", "model")
+PENALTIES = ("CL", "L2")  # FedCCFA's alignment losses, spelt as in its authors' config
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,7 @@ class FedCCFASettings(Settings):
     rep_lr: float = setting(0.01, "(c) learning rate of the feature extractor")
     gamma: float = setting(20.0, "γ: alignment weight λ_i = H(P_i(Y)) / γ; 0: λ_i = lam")
     lam: float = setting(0.0, "λ_i for every client when gamma is 0")
+    penalize: str = setting("CL", "alignment loss: CL (contrastive), or L2 (‖h − A_y‖² / D)")
     temperature: float = setting(0.1, "τ of the contrastive alignment loss")
     align_after: int = setting(20, "rounds trained without the alignment term")
     eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
@@ -281,3 +283,4 @@ class FedCCFASettings(Settings):
             require(getattr(self, key) > 0, key, "a number > 0", getattr(self, key))
         require(self.gamma >= 0, "gamma", "a number >= 0", self.gamma)
         require(self.lam >= 0, "lam", "a number >= 0", self.lam)
+        require(self.penalize in PENALTIES, "penalize", f"one of {PENALTIES}", self.penalize)

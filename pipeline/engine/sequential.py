@@ -305,7 +305,9 @@ class SequentialExecutor:
                 per_sample = F.cross_entropy(out, labels[idx], reduction="none")
                 loss = per_sample
                 if anchors is not None:
-                    align = alignment(features[0], labels[idx], anchors, stage.temperature)
+                    align = alignment(
+                        features[0], labels[idx], anchors, stage.temperature, stage.penalize
+                    )
                     loss = per_sample + stage.align * align
                 weights = task.weights[idx]
                 weighted = (weights * loss).sum()
@@ -351,17 +353,24 @@ def balanced_rows(labels: torch.Tensor, per_class: int, gen: torch.Generator) ->
 
 
 def alignment(
-    h: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, temperature: float
+    h: torch.Tensor,
+    y: torch.Tensor,
+    anchors: torch.Tensor,
+    temperature: float,
+    penalize: str = "CL",
 ) -> torch.Tensor:
-    """Per-sample contrastive alignment (FedCCFA, `penalize: CL`):
-    ℓ_b = −log softmax_c(cos(h_b, A_c) / τ)[y_b], over the classes with a finite anchor; 0 for a
-    sample whose class has none."""
+    """Per-sample prototype alignment (FedCCFA's `penalize`), 0 for a sample whose class has no
+    (finite) anchor. CL: ℓ_b = −log softmax_c(cos(h_b, A_c) / τ)[y_b], over the classes with an
+    anchor; L2: ℓ_b = ‖h_b − A_{y_b}‖² / D, whose batch mean is the authors' MSELoss."""
     valid = torch.isfinite(anchors).all(1)
     if not bool(valid.any()):
         return h.new_zeros(h.shape[0])
-    position = torch.cumsum(valid.long(), 0) - 1  # class → its column among the anchors
     h = h.reshape(h.shape[0], -1).float()  # bf16 features under autocast
-    cos = F.cosine_similarity(h[:, None, :], anchors[valid].to(h)[None], dim=-1)
     has = valid[y]
+    if penalize == "L2":
+        target = torch.nan_to_num(anchors.to(h))[y]  # a NaN row's samples are masked below
+        return ((h - target) ** 2).mean(1) * has
+    position = torch.cumsum(valid.long(), 0) - 1  # class → its column among the anchors
+    cos = F.cosine_similarity(h[:, None, :], anchors[valid].to(h)[None], dim=-1)
     ell = F.cross_entropy(cos / temperature, position[y].clamp(min=0), reduction="none")
     return ell * has

@@ -22,9 +22,10 @@ stage, as FedCCFA's code makes one), on:
 - `balanced` = m: a class-balanced subset drawn once at the stage's start, min(m, smallest
   count of a class the client has) samples of each class it has, without replacement
 - `align` = λ > 0 with the task's `class_anchors` A (classes, D): the loss of sample b gains
-  λ ℓ_b, ℓ_b = −log softmax_c(cos(h_b, A_c) / `temperature`)[y_b] over the classes whose anchor
-  is finite (a NaN row: no anchor; a sample whose own class has none adds 0), h_b the input
-  of the final layer (the last module owning parameters: the features)
+  λ ℓ_b, h_b the input of the final layer (the last module owning parameters: the features);
+  `penalize` "CL": ℓ_b = −log softmax_c(cos(h_b, A_c) / `temperature`)[y_b] over the classes
+  whose anchor is finite; "L2": ℓ_b = ‖h_b − A_{y_b}‖² / D (a NaN row: no anchor; a sample
+  whose own class has none adds 0)
 `prototypes`: after the last stage, the mean feature h of each class over the client's samples
 (eval mode, no gradient), (classes, D), zero rows for absent classes.
 The loss sum of a staged task (the round's train loss) is the cross-entropy part of the stages
@@ -52,6 +53,7 @@ class Stage:
     balanced: int | None = None  # class-balanced subset: this many samples per class at most
     align: float = 0.0  # λ of the prototype-alignment term (needs `LocalTask.class_anchors`)
     temperature: float = 0.1  # τ of the alignment's softmax over cosine similarities
+    penalize: str = "CL"  # the alignment loss: CL (contrastive) or L2 (squared distance / D)
 
 
 @dataclass
