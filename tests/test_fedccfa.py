@@ -112,6 +112,35 @@ def test_rows_of_one_label_are_averaged_within_their_group_only() -> None:
     assert algo.round_info() == {"classifier_groups": 1.5}
 
 
+def test_label_weights_average_rows_and_prototypes_by_label_counts() -> None:
+    """The case above with `weights: label`. Label 0 counts 2, 1, 2; label 1 counts 1, 3, 0.
+    Label 0's group {0, 1}: rows (0, 1, 4) and (10, 11, 14) weighted 2 : 1 → (10, 13, 22) / 3,
+    prototypes (1, 1) and (3, 3) → 5/3. Label 1's group {0, 1, 2}: rows (2, 3, 5), (12, 13, 15),
+    (22, 23, 25) weighted 1 : 3 : 0 → (9.5, 10.5, 12.5); prototypes (2, 2), (4, 4) → 3.5."""
+    algo = make(weights="label")
+    labels = {0: [0, 0, 1], 1: [0, 1, 1, 1], 2: [0, 0]}
+    balanced = {
+        0: [1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        1: [2.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+        2: [0.0, 1.0, 0.0, 0.0, 0.0, 3.0],
+    }
+    trained = {c: [float(10 * c + j) for j in range(6)] for c in range(3)}
+    protos = {0: [[1.0, 1.0], [2.0, 2.0]], 1: [[3.0, 3.0], [4.0, 4.0]], 2: [[5.0, 5.0], [0.0, 0.0]]}
+    fake_round(algo, labels, balanced, trained, protos)
+    assert algo.grouping == {0: [[0, 1], [2]], 1: [[0, 1, 2]]}
+    expected = torch.tensor([10 / 3, 13 / 3, 9.5, 10.5, 22 / 3, 12.5])
+    torch.testing.assert_close(algo.heads[0], expected)
+    torch.testing.assert_close(algo.heads[1], expected)
+    torch.testing.assert_close(algo.heads[2], torch.tensor([20.0, 21.0, 9.5, 10.5, 24.0, 12.5]))
+    torch.testing.assert_close(algo.anchors[0], torch.tensor([[5 / 3, 5 / 3], [3.5, 3.5]]))
+    torch.testing.assert_close(algo.anchors[2], torch.tensor([[5.0, 5.0], [3.5, 3.5]]))
+    # the extractor stays N_i-weighted (the authors' aggregate_rep)
+    torch.testing.assert_close(algo.models[0, :2], torch.tensor([8 / 9, 80 / 9]))
+    # a group where no member has the label: the plain mean (the code would divide by 0)
+    rows = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    torch.testing.assert_close(algo.average(rows, torch.zeros(2)), torch.tensor([2.0, 4.0]))
+
+
 def test_local_tasks_follow_the_authors_stages_and_weight() -> None:
     algo = make(clients=2, align_after=1)
     models = torch.arange(8.0)[None]
@@ -151,6 +180,8 @@ def test_settings_are_checked_and_persistent_momentum_refused() -> None:
         make_config(algorithm="fedccfa", eps=0.0)
     with pytest.raises(FedrcError, match=r"^train\.fedccfa\.penalize: expected one of"):
         make_config(algorithm="fedccfa", penalize="l1")
+    with pytest.raises(FedrcError, match=r"^train\.fedccfa\.weights: expected one of"):
+        make_config(algorithm="fedccfa", weights="samples")
     with pytest.raises(FedrcError, match=r"^train\.persistent_momentum: fedccfa"):
         make(persistent_momentum=True)
 

@@ -18,8 +18,10 @@ Server: the extractor ← Σ_i N_i θ_i / Σ_i N_i. For each label c: the sample
 v_i[c] = (W_c, b_c) of the classifiers of (b), their MADD distance
   d(i, j) = 1/(n − 2) Σ_{z ≠ i, j} |cos(v_i, v_z) − cos(v_j, v_z)|,
 DBSCAN (eps, min_samples = 1) on d; within each group of two or more the members' trained rows
-c and their prototypes of c are averaged (uniformly) and written back: the personal classifier
-row and the client's anchor A_ic. A client alone in its group keeps its own row and prototype.
+c and their prototypes of c are averaged and written back: the personal classifier row and the
+client's anchor A_ic. `weights: uniform` averages plainly; `weights: label` weights member i by
+its count of label c (the authors' label_distribution). A client alone in its group keeps its
+own row and prototype.
 
 fedrc's view: K = 1 row, the extractor with the N_i-weighted mean of the round's trained
 classifiers (that classifier only scores clients without one of their own: the held-out
@@ -140,6 +142,14 @@ class FedCCFA(Algorithm):
         head[label * d : (label + 1) * d] = value[:d]
         head[c * d + label] = value[d]
 
+    def average(self, values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """A group's mean of `values` (m, d), one row per member: uniform, or with `weights:
+        label` weighted by the members' counts of the label (uniform where none has it)."""
+        if self.settings.weights == "uniform" or not bool(counts.sum() > 0):
+            return values.mean(0)
+        w = counts.to(torch.float64)
+        return ((w[:, None] * values.double()).sum(0) / w.sum()).to(values.dtype)
+
     def weight(self, client: int) -> float:
         """λ_i = H(P_i(Y)) / γ (0 log 0 = 0), or `lam` when γ = 0."""
         if self.settings.gamma == 0:
@@ -234,7 +244,8 @@ class FedCCFA(Algorithm):
         width, c, d = self.head[1] - self.head[0], self.num_classes, self.dim
         clustered, trained = rows[:, :width], rows[:, width : 2 * width].clone()
         protos = rows[:, 2 * width :].reshape(len(clients), c, d)
-        present = self.counts[clients] > 0  # (n, C)
+        counts = self.counts[clients]  # (n, C) the labels of this round's data
+        present = counts > 0
         anchors, anchored = protos.clone(), present.clone()
         found = 0
         for label in range(c):
@@ -246,12 +257,13 @@ class FedCCFA(Algorithm):
             for members in parts:
                 if len(members) < 2:
                     continue
-                mean_row = torch.stack([self.row(trained[m], label) for m in members]).mean(0)
+                own = torch.stack([self.row(trained[m], label) for m in members])
+                mean_row = self.average(own, counts[members, label])
                 for m in members:
                     self.set_row(trained[m], label, mean_row)
                 having = [m for m in members if present[m, label]]
                 if having:
-                    mean_proto = protos[having, label].mean(0)
+                    mean_proto = self.average(protos[having, label], counts[having, label])
                     anchors[members, label] = mean_proto
                     anchored[members, label] = True
         index = torch.tensor(clients)

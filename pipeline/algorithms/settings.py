@@ -19,6 +19,7 @@ ANGLES = ("elementwise", "principal")
 INITS = ("single", "per-client")
 DISTANCES = ("data", "model")
 PENALTIES = ("CL", "L2")  # FedCCFA's alignment losses, spelt as in its authors' config
+WEIGHTS = ("uniform", "label")  # FedCCFA's group averages
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,9 @@ class FedCCFASettings(Settings):
     align_after: int = setting(20, "rounds trained without the alignment term")
     eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
     min_samples: int = setting(1, "DBSCAN's min_samples: the smallest group of classifiers")
+    weights: str = setting(
+        "uniform", "a group's mean of rows and prototypes: uniform, or label (by label counts)"
+    )
 
     def validate(self) -> None:
         for key in ("balanced_epochs", "clf_epochs", "align_after"):
@@ -284,3 +288,4 @@ class FedCCFASettings(Settings):
         require(self.gamma >= 0, "gamma", "a number >= 0", self.gamma)
         require(self.lam >= 0, "lam", "a number >= 0", self.lam)
         require(self.penalize in PENALTIES, "penalize", f"one of {PENALTIES}", self.penalize)
+        require(self.weights in WEIGHTS, "weights", f"one of {WEIGHTS}", self.weights)
