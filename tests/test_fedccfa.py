@@ -136,9 +136,46 @@ def test_label_weights_average_rows_and_prototypes_by_label_counts() -> None:
     torch.testing.assert_close(algo.anchors[2], torch.tensor([[5.0, 5.0], [3.5, 3.5]]))
     # the extractor stays N_i-weighted (the authors' aggregate_rep)
     torch.testing.assert_close(algo.models[0, :2], torch.tensor([8 / 9, 80 / 9]))
+    # the global prototypes (`clustered_protos: false`), label-weighted over all three clients:
+    # class 0: (2·1 + 1·3 + 2·5) / 5 = 3; class 1: (1·2 + 3·4) / 4 = 3.5
+    torch.testing.assert_close(algo.global_protos, torch.tensor([[3.0, 3.0], [3.5, 3.5]]))
     # a group where no member has the label: the plain mean (the code would divide by 0)
     rows = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
     torch.testing.assert_close(algo.average(rows, torch.zeros(2)), torch.tensor([2.0, 4.0]))
+
+
+def test_global_prototypes_are_the_anchors_without_clustered_protos() -> None:
+    """`clustered_protos: false`: every client aligns to the mean prototype of each class over
+    the last round's sampled clients that have it, here (1,1), (3,3), (5,5) → (3,3) for class 0
+    and (2,2), (4,4) → (3,3) for class 1 (client 2 has no class 1), a client never seen
+    before included; the clustered anchors would give client 2 its own (5,5) for class 0."""
+    labels = {0: [0, 0, 1], 1: [0, 1, 1, 1], 2: [0, 0]}
+    balanced = {  # label 0: groups {0, 1}, {2}; label 1: one group (as in the first case)
+        0: [1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        1: [2.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+        2: [0.0, 1.0, 0.0, 0.0, 0.0, 3.0],
+    }
+    trained = {c: [float(10 * c + j) for j in range(6)] for c in range(3)}
+    protos = {0: [[1.0, 1.0], [2.0, 2.0]], 1: [[3.0, 3.0], [4.0, 4.0]], 2: [[5.0, 5.0], [0.0, 0.0]]}
+    runs = {flag: make(clients=4, align_after=0, clustered_protos=flag) for flag in (True, False)}
+    for algo in runs.values():
+        fake_round(algo, labels, balanced, trained, protos)
+    glob = runs[False]
+    torch.testing.assert_close(glob.global_protos, torch.full((2, 2), 3.0))
+    assert glob.global_anchored.all()
+    models = torch.zeros(1, 8)
+    for algo in runs.values():
+        algo.begin_round(models)
+        for c, y in ((2, [0, 0, 1]), (3, [0, 1])):
+            algo.e_step(c, torch.zeros(len(y), 1), torch.tensor(y))
+    anchors = glob.local_tasks(2, torch.ones(3, 1), models, None)[1].class_anchors
+    torch.testing.assert_close(anchors, torch.full((2, 2), 3.0))
+    anchors = glob.local_tasks(3, torch.ones(2, 1), models, None)[1].class_anchors
+    torch.testing.assert_close(anchors, torch.full((2, 2), 3.0))
+    clustered = runs[True]
+    anchors = clustered.local_tasks(2, torch.ones(3, 1), models, None)[1].class_anchors
+    torch.testing.assert_close(anchors, torch.tensor([[5.0, 5.0], [3.0, 3.0]]))
+    assert clustered.local_tasks(3, torch.ones(2, 1), models, None)[1].class_anchors is None
 
 
 def test_local_tasks_follow_the_authors_stages_and_weight() -> None:

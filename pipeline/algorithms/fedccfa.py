@@ -21,7 +21,9 @@ DBSCAN (eps, min_samples = 1) on d; within each group of two or more the members
 c and their prototypes of c are averaged and written back: the personal classifier row and the
 client's anchor A_ic. `weights: uniform` averages plainly; `weights: label` weights member i by
 its count of label c (the authors' label_distribution). A client alone in its group keeps its
-own row and prototype.
+own row and prototype. `clustered_protos: false` aligns every client instead to the global
+prototypes: for each class the mean (by `weights`) of the prototypes of the last round's sampled
+clients that have it.
 
 fedrc's view: K = 1 row, the extractor with the N_i-weighted mean of the round's trained
 classifiers (that classifier only scores clients without one of their own: the held-out
@@ -122,6 +124,9 @@ class FedCCFA(Algorithm):
         self.anchors = torch.zeros(self.num_clients, c, self.dim)  # A_ic, clustered prototypes
         self.anchored = torch.zeros(self.num_clients, c, dtype=torch.bool)
         self.counts = torch.zeros(self.num_clients, c, dtype=torch.float64)  # labels last seen
+        # `clustered_protos: false`: the last round's prototype of each class over all its clients
+        self.global_protos = torch.zeros(c, self.dim)
+        self.global_anchored = torch.zeros(c, dtype=torch.bool)
         self.start_head: torch.Tensor | None = None  # the fixed initial classifier (b) starts from
         self.extractor: torch.Tensor | None = None  # the latest global row, for personal models
         self.rounds_done = 0
@@ -178,10 +183,13 @@ class FedCCFA(Algorithm):
         if s.balanced_epochs > 0:  # (b): the classifier that is clustered
             tasks.append(LocalTask(0, fresh, ones, weight=0.0, stages=(balanced,)))
         lam = self.weight(client) if self.rounds_done >= s.align_after else 0.0
+        own, has = self.anchors[client], self.anchored[client]
+        if not s.clustered_protos:
+            own, has = self.global_protos, self.global_anchored
         anchors = None
-        if lam > 0 and bool(self.anchored[client].any()):
-            anchors = self.anchors[client].clone()
-            anchors[~self.anchored[client]] = math.nan
+        if lam > 0 and bool(has.any()):
+            anchors = own.clone()
+            anchors[~has] = math.nan
             anchors = anchors.to(models)
         personal = Stage(s.clf_epochs, s.clf_lr, train=self.head)
         extractor = Stage(
@@ -247,6 +255,13 @@ class FedCCFA(Algorithm):
         counts = self.counts[clients]  # (n, C) the labels of this round's data
         present = counts > 0
         anchors, anchored = protos.clone(), present.clone()
+        for label in range(c):  # the global prototypes, over every sampled client with the label
+            having = present[:, label].nonzero().flatten().tolist()
+            if having:
+                self.global_protos[label] = self.average(
+                    protos[having, label], counts[having, label]
+                )
+        self.global_anchored = present.any(0)
         found = 0
         for label in range(c):
             vectors = torch.stack([self.row(h, label) for h in clustered])
@@ -296,6 +311,8 @@ class FedCCFA(Algorithm):
             "anchors": self.anchors,
             "anchored": self.anchored,
             "counts": self.counts,
+            "global_protos": self.global_protos,
+            "global_anchored": self.global_anchored,
             "start_head": self.start_head,
             "extractor": self.extractor,
             "rounds_done": self.rounds_done,

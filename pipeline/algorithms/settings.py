@@ -274,6 +274,9 @@ class FedCCFASettings(Settings):
     align_after: int = setting(20, "rounds trained without the alignment term")
     eps: float = setting(0.1, "DBSCAN's radius on the MADD distances")
     min_samples: int = setting(1, "DBSCAN's min_samples: the smallest group of classifiers")
+    clustered_protos: bool = setting(
+        True, "anchors: the prototypes of the client's groups; false: one per class, over all"
+    )
     weights: str = setting(
         "uniform", "a group's mean of rows and prototypes: uniform, or label (by label counts)"
     )
