@@ -81,6 +81,8 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     sampled = comm.present(sampled)  # a client whose node is away sits the round out
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
+    if algorithm.wants_true_concepts():  # an oracle setting asked for the benchmark's truth
+        algorithm.true_concepts(data.manifest.concepts, [c.concept for c in data.clients])
     algorithm.begin_round(run.models)
     wanted = algorithm.wants_statistics(sampled)
     if wanted:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.algorithms.fedccfa import FedCCFA, dbscan, groups, madd
+from pipeline.algorithms.fedccfa import FedCCFA, dbscan, groups, label_keys, madd
 from pipeline.communicate import Communicator
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
@@ -178,6 +178,42 @@ def test_global_prototypes_are_the_anchors_without_clustered_protos() -> None:
     assert clustered.local_tasks(3, torch.ones(2, 1), models, None)[1].class_anchors is None
 
 
+def test_oracle_keys_a_label_by_the_true_class_it_names() -> None:
+    """C = 4. identity: label c is class c; swap 1↔2: labels 1 and 2 name classes 2 and 1;
+    shift:1 (y → y + 1): label c names class c − 1; a noisy concept keys all by C + its index."""
+    keys = label_keys(["identity", "swap:1-2", "shift:1", "pair_flip:0.2", "reverse"], 4)
+    expected = [[0, 1, 2, 3], [0, 2, 1, 3], [3, 0, 1, 2], [7, 7, 7, 7], [3, 2, 1, 0]]
+    assert keys.tolist() == expected
+
+
+def test_oracle_groups_each_label_by_the_true_concepts() -> None:
+    """The first case's rows (MADD would group label 0 as {0, 1}, {2}, label 1 as one group),
+    with `oracle`: C = 2, concepts identity, swap 0↔1, identity, symmetric noise for clients
+    0–3 → keys (0, 1), (1, 0), (0, 1), (4, 4): both labels group {0, 2}, {1}, {3}. Label 0's
+    rows (0, 1, 4) and (20, 21, 24) → (10, 11, 14); label 1's (2, 3, 5), (22, 23, 25) →
+    (12, 13, 15)."""
+    algo = make(clients=4, oracle=True)
+    assert algo.wants_true_concepts() and not make().wants_true_concepts()
+    labels = {0: [0, 0, 1], 1: [0, 1, 1, 1], 2: [0, 0, 1], 3: [0, 1]}
+    balanced = {
+        0: [1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        1: [2.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+        2: [0.0, 1.0, 0.0, 0.0, 0.0, 3.0],
+        3: [0.0, 1.0, 0.0, 0.0, 0.0, 4.0],
+    }
+    trained = {c: [float(10 * c + j) for j in range(6)] for c in range(4)}
+    protos = {c: [[1.0 + c, 1.0 + c], [2.0 + c, 2.0 + c]] for c in range(4)}
+    with pytest.raises(FedrcError, match=r"^train\.fedccfa\.oracle: the round loop gave no"):
+        fake_round(make(clients=4, oracle=True), labels, balanced, trained, protos)
+    algo.true_concepts(("identity", "swap:0-1", "symmetric:0.2"), [0, 1, 0, 2])
+    fake_round(algo, labels, balanced, trained, protos)
+    assert algo.grouping == {0: [[0, 2], [1], [3]], 1: [[0, 2], [1], [3]]}
+    torch.testing.assert_close(algo.heads[0], torch.tensor([10.0, 11.0, 12.0, 13.0, 14.0, 15.0]))
+    torch.testing.assert_close(algo.heads[2], algo.heads[0])
+    torch.testing.assert_close(algo.heads[1], torch.tensor(trained[1]))
+    torch.testing.assert_close(algo.anchors[0], torch.tensor([[2.0, 2.0], [3.0, 3.0]]))
+
+
 def test_local_tasks_follow_the_authors_stages_and_weight() -> None:
     algo = make(clients=2, align_after=1)
     models = torch.arange(8.0)[None]
@@ -219,6 +255,8 @@ def test_settings_are_checked_and_persistent_momentum_refused() -> None:
         make_config(algorithm="fedccfa", penalize="l1")
     with pytest.raises(FedrcError, match=r"^train\.fedccfa\.weights: expected one of"):
         make_config(algorithm="fedccfa", weights="samples")
+    with pytest.raises(FedrcError, match=r"^train\.fedccfa\.oracle: expected"):
+        make_config(algorithm="fedccfa", oracle="yes")
     with pytest.raises(FedrcError, match=r"^train\.persistent_momentum: fedccfa"):
         make(persistent_momentum=True)
 
@@ -263,3 +301,29 @@ def test_swapped_labels_get_their_own_classifier_rows(swapped: Path, tmp_path: P
             assert sorted(parts) == sorted([movers, [c for c in range(10) if c not in movers]])
         else:
             assert parts == [list(range(10))], (label, parts)
+    assert bool((algo._truth < 0).all())  # without `oracle` the true concepts never came
+
+
+def test_the_oracle_groups_the_swapped_labels_from_the_true_concepts(
+    swapped: Path, tmp_path: Path
+) -> None:
+    """`oracle`: one round a step; the groups are the drift's, whatever the classifiers."""
+    config = make_config(
+        data=str(swapped), out=str(tmp_path / "run"), algorithm="fedccfa", rounds=2,
+        batch_size=64, participation=1.0, device="cpu", oracle=True, balanced_epochs=1,
+        clf_epochs=0, rep_epochs=1,
+    ).over_steps(2)  # fmt: skip
+    full = load_federated(swapped)
+    run = build_run(config, full, Communicator(torch.device("cpu")))
+    algo = run.algorithm
+    run.data = full.at_step(0)
+    train_round(1, run, None)
+    assert all(parts == [list(range(10))] for parts in algo.grouping.values()), algo.grouping
+    run.data = full.at_step(1)
+    train_round(2, run, None)
+    swaps = {1: [0, 1, 2], 2: [0, 1, 2], 3: [3, 4, 5], 4: [3, 4, 5], 5: [6, 7, 8, 9]}
+    swaps[6] = swaps[5]
+    for label, parts in algo.grouping.items():
+        movers = swaps.get(label, [])
+        rest = [c for c in range(10) if c not in movers]
+        assert sorted(parts) == sorted(p for p in (movers, rest) if p), (label, parts)

@@ -6,6 +6,8 @@ lists every verb with when it is called and what it must not do.
 Once: `init_state()`                the state before round 1 (ω uniform; clusters, tables …)
 At the first round of each time step of a drifting benchmark (every place):
   `begin_step(step)`                 a detector's cue (FedDrift); the data of `step` is in use
+Only for an oracle option that asks (`wants_true_concepts()`), before each round (every place):
+  `true_concepts(names, concepts)`   each client's true concept at the round's step
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
@@ -155,6 +157,17 @@ class Algorithm(ABC):
     def begin_step(self, step: int) -> None:  # noqa: B027 (a hook: most algorithms need none)
         """A drifting benchmark's step `step` starts (called before its first round's
         `begin_round`, on every place; never on a static benchmark)."""
+
+    def wants_true_concepts(self) -> bool:
+        """True asks the round loop for the benchmark's true concepts before every round
+        (`true_concepts`): for an oracle setting only, never for a method's own rule."""
+        return False
+
+    def true_concepts(self, names: tuple[str, ...], concepts: list[int]) -> None:  # noqa: B027
+        """Only when `wants_true_concepts()`: before each round's `begin_round`, on every place,
+        each client's concept at the round's time step, an index into `names` (the benchmark's
+        label maps, `partition.concepts`). The in-process and torchrun loops call it; Flower
+        does not."""
 
     def wants_statistics(self, sampled: list[int]) -> list[int]:
         """The sampled clients whose data statistic this round needs (default: none)."""

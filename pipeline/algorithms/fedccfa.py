@@ -23,7 +23,8 @@ client's anchor A_ic. `weights: uniform` averages plainly; `weights: label` weig
 its count of label c (the authors' label_distribution). A client alone in its group keeps its
 own row and prototype. `clustered_protos: false` aligns every client instead to the global
 prototypes: for each class the mean (by `weights`) of the prototypes of the last round's sampled
-clients that have it.
+clients that have it. `oracle: true` replaces MADD + DBSCAN by the benchmark's truth: for each
+label, the sampled clients whose current concepts label it alike form a group (`label_keys`).
 
 fedrc's view: K = 1 row, the extractor with the N_i-weighted mean of the round's trained
 classifiers (that classifier only scores clients without one of their own: the held-out
@@ -37,11 +38,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.settings import FedCCFASettings
+from pipeline.data.concepts import parse_concept
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask, Stage
 from pipeline.errors import FedrcError
@@ -97,6 +100,26 @@ def groups(labels: list[int]) -> list[list[int]]:
     return list(out.values())
 
 
+PERMUTING = ("identity", "reverse", "shift", "permutation", "swap")  # a label map per class
+
+
+def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Tensor:
+    """(concepts, C) `oracle` keys: two clients share label c's classifier row iff their
+    concepts' keys of c agree. A label map that permutes the classes keys c by the true class
+    it labels c (so a swap a ↔ b splits rows a and b only); a noisy or native concept, whose
+    label c has no single true class, keys every label by C + its index (its own group)."""
+    keys = torch.empty(len(names), num_classes, dtype=torch.int64)
+    for k, name in enumerate(names):
+        concept = parse_concept(name)
+        if concept.kind not in PERMUTING:
+            keys[k] = num_classes + k
+            continue
+        classes = np.arange(num_classes)
+        mapped = concept.relabel(classes, num_classes, np.random.default_rng(0))
+        keys[k, torch.from_numpy(mapped)] = torch.from_numpy(classes)  # label m(y) ← class y
+    return keys
+
+
 @described("fedccfa")
 class FedCCFA(Algorithm):
     personal_models = True
@@ -132,6 +155,9 @@ class FedCCFA(Algorithm):
         self.rounds_done = 0
         self.last_clusters = 0.0
         self.grouping: dict[int, list[list[int]]] = {}  # label → the last round's client groups
+        # `oracle`: each client's label keys (`label_keys`) at the round's step, -1: none given;
+        # given again before every round (`true_concepts`), so not part of the state
+        self._truth = torch.full((self.num_clients, c), -1, dtype=torch.int64)
         self._rows: RowStore | None = None
         self._balanced: dict[int, torch.Tensor] = {}
 
@@ -162,6 +188,25 @@ class FedCCFA(Algorithm):
         p = self.counts[client] / self.counts[client].sum()
         p = p[p > 0]
         return float(-(p * p.log()).sum()) / self.settings.gamma
+
+    # --- the oracle -------------------------------------------------------------------------
+    def wants_true_concepts(self) -> bool:
+        return self.settings.oracle
+
+    def true_concepts(self, names: tuple[str, ...], concepts: list[int]) -> None:
+        keys = label_keys(names, self.num_classes)
+        n = min(len(concepts), self.num_clients)
+        self._truth[:n] = keys[torch.tensor(concepts[:n], dtype=torch.int64)]
+
+    def oracle_groups(self, clients: list[int], label: int) -> list[list[int]]:
+        """The sampled clients (positions) whose true concepts label `label` alike."""
+        keys = self._truth[clients, label]
+        if bool((keys < 0).any()):
+            raise FedrcError(
+                "train.fedccfa.oracle: the round loop gave no true concepts (the in-process "
+                "and torchrun loops do; Flower does not)"
+            )
+        return groups(keys.tolist())
 
     # --- round ------------------------------------------------------------------------------
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -264,9 +309,11 @@ class FedCCFA(Algorithm):
         self.global_anchored = present.any(0)
         found = 0
         for label in range(c):
-            vectors = torch.stack([self.row(h, label) for h in clustered])
-            labels = dbscan(madd(vectors), self.settings.eps, self.settings.min_samples)
-            parts = groups(labels)
+            if self.settings.oracle:
+                parts = self.oracle_groups(clients, label)
+            else:
+                vectors = torch.stack([self.row(h, label) for h in clustered])
+                parts = groups(dbscan(madd(vectors), self.settings.eps, self.settings.min_samples))
             self.grouping[label] = [[clients[m] for m in members] for members in parts]
             found += len(parts)
             for members in parts:

@@ -277,6 +277,9 @@ class FedCCFASettings(Settings):
     clustered_protos: bool = setting(
         True, "anchors: the prototypes of the client's groups; false: one per class, over all"
     )
+    oracle: bool = setting(
+        False, "group each label's rows by the benchmark's true concepts, not MADD + DBSCAN"
+    )
     weights: str = setting(
         "uniform", "a group's mean of rows and prototypes: uniform, or label (by label counts)"
     )
