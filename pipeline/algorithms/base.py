@@ -93,8 +93,6 @@ class Algorithm(ABC):
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
     # losses and labels are gathered (every place; a Flower server)
     Step: ClassVar[type[ClientStep] | None] = None
-    # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
-    # falls back to them (`client_part`)
     # True: `assign` and `assign_held_out` also get `predictions=` (N_i, K), the arg-max class
     # of each sample under each model, beside the losses (e.g. to choose by accuracy); a
     # client part's `Step` says so itself (`ClientStep.wants_predictions`)
@@ -102,6 +100,9 @@ class Algorithm(ABC):
     # attributes that the base's `state_dict` saves and `load_state_dict` restores, besides ω:
     # a subclass keeping state of its own lists it here (or extends `state_dict`)
     state_attributes: ClassVar[tuple[str, ...]] = ()
+    # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
+    # falls back to them (`client_part`); so a client part's predictors are always the first K
+    # rows (the base's `combine_logits`), which a node can take without the server's state
     STEP_VERBS: ClassVar[tuple[str, ...]] = (
         "assign", "client_omega", "assign_held_out", "local_tasks", "combine_logits",
     )  # fmt: skip
@@ -189,6 +190,24 @@ class Algorithm(ABC):
         client_wants = self.client_part and self.Step.wants_predictions
         return self.wants_predictions or client_wants
 
+    def plan_round(self, sampled: list[int]) -> None:  # noqa: B027 (a hook)
+        """The round's decisions that need no client data, made before its E-steps with the
+        sampled clients in client order (every place; StoCFL gives a cluster its first model),
+        for `client_step` to hand on."""
+
+    def score_steps(self, sampled: list[int]) -> dict[int, ClientStep]:
+        """The sampled clients whose E-step waits for a decision of the server from their
+        scores (FedDrift's drift check: each model's loss on the client's new data), each with
+        the step that asks for them: a step that trains nothing, run where the client's data
+        is before any `client_step` of the round is made, its upload handed to
+        `receive_scores`. Every place; it must not change the state. Default: none."""
+        return {}
+
+    def receive_scores(self, client: int, upload: Upload) -> None:
+        """Keep what a client's scoring step sent up (every place, in client order, before
+        the round's `client_step`s)."""
+        raise NotImplementedError(f"{self.name} asks for no scores")
+
     def client_step(self, client: int) -> ClientStep:
         """The state client `client` needs for its E-step, as a `Step`. It must not change the
         algorithm's state."""
@@ -206,8 +225,13 @@ class Algorithm(ABC):
         labels: torch.Tensor,
         predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The client part run here on given losses and labels, its upload received at once: γ.
-        (The round loop runs the parts where the data lives; this is `assign` for them.)"""
+        """The client part run here on given losses and labels, its upload received at once
+        (after its scoring step's, where `score_steps` asks for one): γ. (The round loop runs
+        the parts where the data lives; this is `assign` for them.)"""
+        scoring = self.score_steps([client]).get(client)
+        if scoring is not None:
+            extra = _predictions(scoring.wants_predictions, predictions, type(scoring).__name__)
+            self.receive_scores(client, scoring.run(losses, labels, None, **extra).upload)
         step = self.client_step(client)
         extra = _predictions(step.wants_predictions, predictions, type(step).__name__)
         outcome = step.run(losses, labels, self.memory.get(client), **extra)
@@ -245,12 +269,13 @@ class Algorithm(ABC):
         labels: torch.Tensor,
         predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client.
-        `predictions` (`sample_predictions`) reach `assign` only where it wants them
-        (`predicts`)."""
+        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client
+        (with a client part, ω_i is what the client's upload said: `receive`). `predictions`
+        (`sample_predictions`) reach `assign` only where it wants them (`predicts`)."""
         extra = _predictions(self.predicts, predictions, self.name)
         gamma = self.assign(client, losses, labels, **extra)
-        self.omega[client] = self.client_omega(client, gamma)
+        if not self.client_part:
+            self.omega[client] = self.client_omega(client, gamma)
         return gamma
 
     def assign_held_out(
@@ -364,7 +389,8 @@ class Algorithm(ABC):
 
     # --- prediction -----------------------------------------------------------------------
     def combine_logits(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw
+        """The K predictors' logits from the rows' (R, N, classes): the first K rows."""
+        return raw[: self.num_models]
 
     def predict_weights(self, client: int) -> torch.Tensor:
         return self.omega[client]
