@@ -9,12 +9,18 @@ At the first round of each time step of a drifting benchmark (every place):
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
+  `plan_round(sampled)`              every place: the round's decisions that need no client
+                                     data (StoCFL: a cluster's first model)
   `wants_statistics(sampled)`        the sampled clients asked for a statistic of their data
   `describe(i, images, labels, models)`  on the place holding client i's data: the statistic
                                      (a 1-D float tensor), e.g. PACFL's subspace bases
   `observe(i, statistic)`            on every place, in client order: keep it
 E-step, in one of two ways:
   with a client part (`Step`, `client_part`), where client i's data lives:
+  `score_steps(sampled)`             the clients whose E-step waits for the server's decision
+                                     on their scores (FedDrift), each with a step that sends
+                                     them and trains nothing; run where the data is, then
+  `receive_scores(i, upload)`        on every place, in client order
   `client_step(i)`                   on the server: the state client i needs (a `ClientStep`)
   `step.run(losses, labels, memory)` on the client: γ (kept there), its upload, its memory
   `step.local_tasks(γ, models)`      on the client: its local trainings
