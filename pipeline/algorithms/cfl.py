@@ -11,6 +11,10 @@ The max-norm is over clients (the FedRC/FedEM ports take it over the wrong axis:
 protocol §2).
 Members that were not sampled when their cluster split join the half whose model has the lower
 loss on their data the next time they are sampled.
+
+Where the data stays (the client part, `CFLStep`): the server hands each sampled client its
+cluster, or the two halves it may join; the client sends up ω_i, one-hot on the model it trains,
+beside its trained model (from which the server takes its update Δ_i).
 """
 
 from __future__ import annotations
@@ -23,7 +27,17 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    HardStep,
+    Memory,
+    Upload,
+    hard_gamma,
+    lowest_loss,
+    mean_omega,
+    one_hot,
+)
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.settings import Settings, positive, require, setting
@@ -71,6 +85,27 @@ def gram_matrix(store: RowStore, keys: list[int]) -> torch.Tensor:
     return gram
 
 
+@dataclass
+class CFLStep(HardStep):
+    """What a CFL client needs: its cluster, or the two halves of a split it missed (empty
+    otherwise), and the number of clusters (a held-out client chooses among them)."""
+
+    cluster: int
+    halves: torch.Tensor  # int64, () or the two halves
+    clusters: int
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        k = self.cluster
+        if self.halves.numel():  # the half whose model has the lower loss on its data
+            halves = self.halves.tolist()
+            k = halves[int(losses[:, halves].mean(0).argmin())]
+        gamma = hard_gamma(losses, k)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return lowest_loss(losses, losses.shape[1], list(range(self.clusters)))
+
+
 class CFL(HardClustering):
     """Memory: the round's sums (K × model) and, while a split is still possible (fewer than
     `max_clusters` clusters), every sampled client's update Δ_i in a `RowStore` on disk: the
@@ -82,6 +117,7 @@ class CFL(HardClustering):
     paper = "Sattler et al., IEEE TNNLS 2021"
     Settings = CFLSettings
     settings: CFLSettings
+    Step = CFLStep
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
@@ -105,16 +141,14 @@ class CFL(HardClustering):
         self._norm: torch.Tensor | None = None  # (clients,): ‖Δ_i‖
         self._updates: RowStore | None = None
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if client in self.pending:
-            halves = self.pending.pop(client)
-            self.cluster[client] = halves[int(losses[:, halves].mean(0).argmin())]
-        return hard_gamma(losses, int(self.cluster[client]))
+    def client_step(self, client: int) -> CFLStep:
+        halves = torch.tensor(self.pending.get(client, []), dtype=torch.long)
+        return CFLStep(int(self.cluster[client]), halves, self.clusters)
 
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return lowest_loss(losses, self.num_models, list(range(self.clusters)))
+    def receive(self, client: int, upload: Upload) -> None:
+        super().receive(client, upload)
+        self.cluster[client] = int(self.omega[client].argmax())
+        self.pending.pop(client, None)
 
     @property
     def can_split(self) -> bool:

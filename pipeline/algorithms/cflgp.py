@@ -56,11 +56,10 @@ from scipy.optimize import linear_sum_assignment
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import (
     ClientOutcome,
-    ClientStep,
+    HardStep,
     Memory,
     Upload,
     hard_gamma,
-    hard_tasks,
     mean_omega,
     one_hot,
 )
@@ -155,7 +154,7 @@ def match_labels(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
 
 
 @dataclass
-class CFLGPStep(ClientStep):
+class CFLGPStep(HardStep):
     """What a CFL-GP client needs: its cluster (−1: not clustered yet, it takes the model with
     the lowest loss on its data) and the round's criterion model (−1: not a clustering round).
     It sends ω_i, one-hot on the model it trains."""
@@ -171,7 +170,7 @@ class CFLGPStep(ClientStep):
     def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
         """The client's cluster model, and in a clustering round also the criterion model
         (counted nowhere: weight 0); the cluster's own update serves when the two coincide."""
-        tasks = hard_tasks(gamma, models)
+        tasks = super().local_tasks(gamma, models)
         m = self.criterion
         if m >= 0 and m != tasks[0].model:
             tasks.append(LocalTask(m, models[m], torch.ones_like(gamma[:, m]), weight=0.0))

@@ -1,7 +1,7 @@
 """What travels between the fedrc server and its SuperNodes, as Flower records.
 
-For an algorithm with a client part (`Algorithm.client_part`: FedAvg, FedProx, IFCA, FedEM,
-FedRC, StoCFL, CFL-GP, FedDrift, FedDrift-Eager) a node answers:
+For an algorithm with a client part (`Algorithm.client_part`: FedAvg, FedProx, IFCA, CFL,
+FeSEM, FedEM, FedRC, StoCFL, CFL-GP, FedDrift, FedDrift-Eager) a node answers:
 
 - `query.hello`     → its benchmark's content hash and its client ids
 - `train.steps`     models (R, P) and, per client, its `ClientStep` (the server state its E-step

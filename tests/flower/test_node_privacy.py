@@ -38,7 +38,7 @@ def accepted(algorithm: str) -> bool:
 
 ON_FLOWER = [name for name in BUILT_IN if accepted(name)]
 # accepted, but without a client part: their nodes send labels and logits
-FALLBACK = {"cfl", "fesem", "fedsoft", "ifca-cam", "fesem-cam"}
+FALLBACK = {"fedsoft", "ifca-cam", "fesem-cam"}
 # what each client part sends up besides its trained models
 UPLOADS = {
     "fedrc": {"omega", "table", "size"},
