@@ -3,10 +3,11 @@ the clients' data. `LocalClients` runs them here (one process, a torchrun rank);
 replaces it with one that sends each part to the node holding the client
 (`pipeline.flower.server.RemoteClients`): the same step, the same code, on the node's data.
 
-Per round, each client: logits of the K models on its training rows → per-sample losses → its
-step's E-step (γ stays here, the upload is kept for the server) → its local trainings, weighted
-by γ. In evaluation, each client: logits on all its rows → a held-out client's ω from its
-labelled part → its soft and hard accuracies on its training and test parts.
+Per round, each client: logits of the model rows on its training rows → those of the K
+predictors (`Algorithm.combine_logits`: the first K rows) → per-sample losses → its step's
+E-step (γ stays here, the upload is kept for the server) → its local trainings, weighted by γ.
+In evaluation, each client: the K predictors' logits on all its rows → a held-out client's ω
+from its labelled part → its soft and hard accuracies on its training and test parts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ class ClientWork:
     seeds: dict[int, int]  # client → the seed of its local trainings' batches
     memory: dict[int, Memory]  # client → its memory from its previous E-step (here)
     skip_below: float  # `TrainConfig.skip_below`
+    predictors: int  # K: the E-step's losses are those of the first K rows
     cached: torch.Tensor | None = None  # (R, N, classes) logits of these models, if known
+    # the clients whose training rows one block of logits covers (default: the steps'): a
+    # scoring pass covers the whole round's, so that each logit is computed as in the round
+    covered: list[int] | None = None
     attach: Callable[[LocalTask], None] = lambda task: None  # persistent momentum
     skipped: Callable[[LocalTask, LocalResult], None] = lambda task, result: None  # fold it
     outcomes: dict[int, tuple[Upload, Memory | None]] = field(default_factory=dict)
@@ -61,8 +66,9 @@ def client_jobs(
     """One client's part where its data is: E-step on its logits `raw` (R, N_i, classes), its
     outcome kept in `work.outcomes`, then its local trainings as jobs. A task whose mean sample
     weight is below `skip_below` is not trained but handed to `work.skipped` unchanged."""
-    losses, memory = per_sample_losses(raw, labels), work.memory.get(client)
-    outcome = step.run(losses, labels, memory, **step.extra(raw))
+    predictors = raw[: work.predictors]
+    losses, memory = per_sample_losses(predictors, labels), work.memory.get(client)
+    outcome = step.run(losses, labels, memory, **step.extra(predictors))
     work.outcomes[client] = (outcome.upload, outcome.memory)
     for task in step.local_tasks(outcome.gamma.detach(), work.models):
         task.client = client
@@ -74,7 +80,8 @@ def client_jobs(
 
 
 def held_out_omega(step: ClientStep, raw: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """A non-participating client's ω from the logits (R, N, classes) of its labelled part."""
+    """A non-participating client's ω from the K predictors' logits (K, N, classes) of its
+    labelled part."""
     return step.held_out(per_sample_losses(raw, labels).float(), labels, **step.extra(raw))
 
 
@@ -90,7 +97,8 @@ class LocalClients:
 
     def jobs(self, work: ClientWork) -> Iterator[Job]:
         data = work.data
-        spans = [data.train_slices[c] for c in work.steps]
+        covered = list(work.steps) if work.covered is None else work.covered
+        spans = [data.train_slices[c] for c in covered]
         index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
         index = index.to(data.labels.device)
         # after an evaluation round the logits of these models on these samples are known
@@ -100,11 +108,12 @@ class LocalClients:
             else work.cached[:, index]
         )
         ends = np.cumsum([s.stop - s.start for s in spans]).tolist()
-        for (client, step), rows, end in zip(work.steps.items(), spans, ends):
-            part = slice(end - (rows.stop - rows.start), end)
+        parts = {c: slice(end - (s.stop - s.start), end) for c, s, end in zip(covered, spans, ends)}
+        for client, step in work.steps.items():
+            rows = data.train_slices[client]
             images, labels = data.images[rows], data.labels[rows]
-            seed = work.seeds[client]
-            yield from client_jobs(step, client, block[:, part], images, labels, seed, work)
+            raw, seed = block[:, parts[client]], work.seeds[client]
+            yield from client_jobs(step, client, raw, images, labels, seed, work)
 
     def evaluate(
         self,
@@ -121,12 +130,13 @@ class LocalClients:
         present = comm.present(list(range(len(data.clients))))
         mine = [c for c in present if comm.owns(c)]
         raw = all_logits(self.executor, models, data, mine)
+        predictors = algorithm.combine_logits(raw)
         omegas = {}
         for h in data.held_out:
             if h in mine:
                 rows = data.train_slices[h]
                 step = algorithm.client_step(h)
-                omegas[h] = held_out_omega(step, raw[:, rows], data.labels[rows])
+                omegas[h] = held_out_omega(step, predictors[:, rows], data.labels[rows])
         receive_held_out(algorithm, comm, omegas)
         omega = algorithm.omega_table()
         accuracy = {}
@@ -134,7 +144,7 @@ class LocalClients:
             train, test = data.train_slices[c], data.test_slices[c]
             rows = slice(train.start, test.stop)
             size = train.stop - train.start
-            accuracy[c] = client_accuracy(raw[:, rows], data.labels[rows], size, omega[c])
+            accuracy[c] = client_accuracy(predictors[:, rows], data.labels[rows], size, omega[c])
         scores = score_tables(data, comm, accuracy, groups)
         return scores, kept_logits(raw, present, data), bool(torch.isfinite(raw).all())
 

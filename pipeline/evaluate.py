@@ -244,6 +244,7 @@ def finetuned_logits(
     The algorithm's E-step runs on a copy, so the global state is untouched.
     """
     scratch = copy.deepcopy(algorithm)
+    scratch.plan_round(list(range(len(data.clients))))  # every client takes an E-step
     epochs, executor.local_epochs = executor.local_epochs, 1
     out = {}
     try:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pipeline import distributed
-from pipeline.algorithms.client import sample_predictions
+from pipeline.algorithms.client import ClientStep, Memory, Upload, sample_predictions
 from pipeline.checkpoints import Checkpoints, checkpoint_interval, resume_run
 from pipeline.checks import require_finite
 from pipeline.clients import ClientWork, LocalClients
@@ -84,6 +84,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     if algorithm.wants_true_concepts():  # an oracle setting asked for the benchmark's truth
         algorithm.true_concepts(data.manifest.concepts, [c.concept for c in data.clients])
     algorithm.begin_round(run.models)
+    algorithm.plan_round(sampled)
     wanted = algorithm.wants_statistics(sampled)
     if wanted:
         observe_statistics(run, wanted)
@@ -118,28 +119,21 @@ def client_parts(
 ) -> torch.Tensor:
     """Alg. 1 lines 5–7 with the algorithm's client part: each client of this place runs its
     E-step and local trainings where its data is (`run.clients`), the results folded as they
-    come; then every place receives every client's upload, in client order. Returns this
-    place's Σ loss."""
-    algorithm, config = run.algorithm, run.config
-
-    def skipped(task: LocalTask, result: LocalResult) -> None:
-        algorithm.fold(task.client, task, result)
-
-    work = ClientWork(
-        run.data,
-        run.models,
-        {c: algorithm.client_step(c) for c in mine},
-        {c: local_seed(config.seed, round_, c) for c in mine},
-        algorithm.memory,
-        config.skip_below,
-        cached,
-        lambda task: run.momentum.attach(task, run.models.device),
-        skipped,
-    )
-    loss_sum = fold_results(run, round_, run.clients.train(work))
-    outcomes = {}
-    for part in run.comm.all_gather_object(work.outcomes):
-        outcomes.update(part)
+    come; then every place receives every client's upload, in client order. Clients whose
+    E-step needs the server's decision on their scores first (`Algorithm.score_steps`) send
+    them in a pass before; one that did not answer it sits the round out. Returns this place's
+    Σ loss."""
+    algorithm = run.algorithm
+    scoring = algorithm.score_steps(sampled)
+    if scoring:
+        steps = {c: step for c, step in scoring.items() if c in mine}
+        _, scores = run_parts(run, round_, steps, mine, cached)
+        for client in sampled:
+            if client in scores:
+                algorithm.receive_scores(client, scores[client][0])
+        mine = [c for c in run.comm.present(mine) if c not in scoring or c in scores]
+    steps = {c: algorithm.client_step(c) for c in mine}
+    loss_sum, outcomes = run_parts(run, round_, steps, mine, cached)
     for client in sampled:
         if client not in outcomes:  # its node was lost before it answered
             continue
@@ -148,6 +142,41 @@ def client_parts(
             algorithm.memory[client] = memory
         algorithm.receive(client, upload)
     return loss_sum
+
+
+def run_parts(
+    run: Run,
+    round_: int,
+    steps: dict[int, ClientStep],
+    covered: list[int],
+    cached: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[int, tuple[Upload, Memory | None]]]:
+    """The `steps` of this place's clients run where their data is, their results folded as
+    they come (`covered`: the clients whose logits one block holds). Returns this place's
+    Σ loss and every place's outcomes (upload, memory) by client."""
+    algorithm, config = run.algorithm, run.config
+
+    def skipped(task: LocalTask, result: LocalResult) -> None:
+        algorithm.fold(task.client, task, result)
+
+    work = ClientWork(
+        run.data,
+        run.models,
+        steps,
+        {c: local_seed(config.seed, round_, c) for c in steps},
+        algorithm.memory,
+        config.skip_below,
+        algorithm.num_models,
+        cached,
+        covered,
+        lambda task: run.momentum.attach(task, run.models.device),
+        skipped,
+    )
+    loss_sum = fold_results(run, round_, run.clients.train(work))
+    outcomes = {}
+    for part in run.comm.all_gather_object(work.outcomes):
+        outcomes.update(part)
+    return loss_sum, outcomes
 
 
 def observe_statistics(run: Run, clients: list[int]) -> None:

@@ -39,6 +39,7 @@ def make(k: int = 2, clients: int = 5, **kw):
 def run_round(algo, models, returns, sizes=None, losses=None):
     """Each client assigns, then every task it asks for returns `returns[client][task.model]`."""
     algo.begin_round(models)
+    algo.plan_round(sorted(returns))
     tasks = {}
     for client in returns:
         n = (sizes or {}).get(client, 4)

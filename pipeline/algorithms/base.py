@@ -11,12 +11,18 @@ Only for an oracle option that asks (`wants_true_concepts()`), before each round
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
+  `plan_round(sampled)`              every place: the round's decisions that need no client
+                                     data (StoCFL: a cluster's first model)
   `wants_statistics(sampled)`        the sampled clients asked for a statistic of their data
   `describe(i, images, labels, models)`  on the place holding client i's data: the statistic
                                      (a 1-D float tensor), e.g. PACFL's subspace bases
   `observe(i, statistic)`            on every place, in client order: keep it
 E-step, in one of two ways:
   with a client part (`Step`, `client_part`), where client i's data lives:
+  `score_steps(sampled)`             the clients whose E-step waits for the server's decision
+                                     on their scores (FedDrift), each with a step that sends
+                                     them and trains nothing; run where the data is, then
+  `receive_scores(i, upload)`        on every place, in client order
   `client_step(i)`                   on the server: the state client i needs (a `ClientStep`)
   `step.run(losses, labels, memory)` on the client: γ (kept there), its upload, its memory
   `step.local_tasks(γ, models)`      on the client: its local trainings
@@ -95,8 +101,6 @@ class Algorithm(ABC):
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
     # losses and labels are gathered (every place; a Flower server)
     Step: ClassVar[type[ClientStep] | None] = None
-    # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
-    # falls back to them (`client_part`)
     # True: `assign` and `assign_held_out` also get `predictions=` (N_i, K), the arg-max class
     # of each sample under each model, beside the losses (e.g. to choose by accuracy); a
     # client part's `Step` says so itself (`ClientStep.wants_predictions`)
@@ -104,6 +108,9 @@ class Algorithm(ABC):
     # attributes that the base's `state_dict` saves and `load_state_dict` restores, besides ω:
     # a subclass keeping state of its own lists it here (or extends `state_dict`)
     state_attributes: ClassVar[tuple[str, ...]] = ()
+    # verbs a client part stands in for: a subclass overriding one without a `Step` of its own
+    # falls back to them (`client_part`); so a client part's predictors are always the first K
+    # rows (the base's `combine_logits`), which a node can take without the server's state
     STEP_VERBS: ClassVar[tuple[str, ...]] = (
         "assign", "client_omega", "assign_held_out", "local_tasks", "combine_logits",
     )  # fmt: skip
@@ -202,6 +209,24 @@ class Algorithm(ABC):
         client_wants = self.client_part and self.Step.wants_predictions
         return self.wants_predictions or client_wants
 
+    def plan_round(self, sampled: list[int]) -> None:  # noqa: B027 (a hook)
+        """The round's decisions that need no client data, made before its E-steps with the
+        sampled clients in client order (every place; StoCFL gives a cluster its first model),
+        for `client_step` to hand on."""
+
+    def score_steps(self, sampled: list[int]) -> dict[int, ClientStep]:
+        """The sampled clients whose E-step waits for a decision of the server from their
+        scores (FedDrift's drift check: each model's loss on the client's new data), each with
+        the step that asks for them: a step that trains nothing, run where the client's data
+        is before any `client_step` of the round is made, its upload handed to
+        `receive_scores`. Every place; it must not change the state. Default: none."""
+        return {}
+
+    def receive_scores(self, client: int, upload: Upload) -> None:
+        """Keep what a client's scoring step sent up (every place, in client order, before
+        the round's `client_step`s)."""
+        raise NotImplementedError(f"{self.name} asks for no scores")
+
     def client_step(self, client: int) -> ClientStep:
         """The state client `client` needs for its E-step, as a `Step`. It must not change the
         algorithm's state."""
@@ -219,8 +244,13 @@ class Algorithm(ABC):
         labels: torch.Tensor,
         predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The client part run here on given losses and labels, its upload received at once: γ.
-        (The round loop runs the parts where the data lives; this is `assign` for them.)"""
+        """The client part run here on given losses and labels, its upload received at once
+        (after its scoring step's, where `score_steps` asks for one): γ. (The round loop runs
+        the parts where the data lives; this is `assign` for them.)"""
+        scoring = self.score_steps([client]).get(client)
+        if scoring is not None:
+            extra = _predictions(scoring.wants_predictions, predictions, type(scoring).__name__)
+            self.receive_scores(client, scoring.run(losses, labels, None, **extra).upload)
         step = self.client_step(client)
         extra = _predictions(step.wants_predictions, predictions, type(step).__name__)
         outcome = step.run(losses, labels, self.memory.get(client), **extra)
@@ -258,12 +288,13 @@ class Algorithm(ABC):
         labels: torch.Tensor,
         predictions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client.
-        `predictions` (`sample_predictions`) reach `assign` only where it wants them
-        (`predicts`)."""
+        """`assign`, then ω_i ← `client_omega`: what the round loop calls for a sampled client
+        (with a client part, ω_i is what the client's upload said: `receive`). `predictions`
+        (`sample_predictions`) reach `assign` only where it wants them (`predicts`)."""
         extra = _predictions(self.predicts, predictions, self.name)
         gamma = self.assign(client, losses, labels, **extra)
-        self.omega[client] = self.client_omega(client, gamma)
+        if not self.client_part:
+            self.omega[client] = self.client_omega(client, gamma)
         return gamma
 
     def assign_held_out(
@@ -377,7 +408,8 @@ class Algorithm(ABC):
 
     # --- prediction -----------------------------------------------------------------------
     def combine_logits(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw
+        """The K predictors' logits from the rows' (R, N, classes): the first K rows."""
+        return raw[: self.num_models]
 
     def predict_weights(self, client: int) -> torch.Tensor:
         return self.omega[client]

@@ -11,10 +11,15 @@ The max-norm is over clients (the FedRC/FedEM ports take it over the wrong axis:
 protocol §2).
 Members that were not sampled when their cluster split join the half whose model has the lower
 loss on their data the next time they are sampled.
+
+Where the data stays (the client part, `CFLStep`): the server hands each sampled client its
+cluster, or the two halves it may join; the client sends up ω_i, one-hot on the model it trains,
+beside its trained model (from which the server takes its update Δ_i).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +28,17 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    HardStep,
+    Memory,
+    Upload,
+    hard_gamma,
+    lowest_loss,
+    mean_omega,
+    one_hot,
+)
 from pipeline.algorithms.settings import CFLSettings
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
@@ -57,6 +72,27 @@ def gram_matrix(store: RowStore, keys: list[int]) -> torch.Tensor:
     return gram
 
 
+@dataclass
+class CFLStep(HardStep):
+    """What a CFL client needs: its cluster, or the two halves of a split it missed (empty
+    otherwise), and the number of clusters (a held-out client chooses among them)."""
+
+    cluster: int
+    halves: torch.Tensor  # int64, () or the two halves
+    clusters: int
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        k = self.cluster
+        if self.halves.numel():  # the half whose model has the lower loss on its data
+            halves = self.halves.tolist()
+            k = halves[int(losses[:, halves].mean(0).argmin())]
+        gamma = hard_gamma(losses, k)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return lowest_loss(losses, losses.shape[1], list(range(self.clusters)))
+
+
 @described("cfl")
 class CFL(HardClustering):
     """Memory: the round's sums (K × model) and, while a split is still possible (fewer than
@@ -65,6 +101,7 @@ class CFL(HardClustering):
     Once the cap is reached nothing per client is kept beyond its norm."""
 
     settings: CFLSettings
+    Step = CFLStep
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
@@ -88,16 +125,14 @@ class CFL(HardClustering):
         self._norm: torch.Tensor | None = None  # (clients,): ‖Δ_i‖
         self._updates: RowStore | None = None
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if client in self.pending:
-            halves = self.pending.pop(client)
-            self.cluster[client] = halves[int(losses[:, halves].mean(0).argmin())]
-        return hard_gamma(losses, int(self.cluster[client]))
+    def client_step(self, client: int) -> CFLStep:
+        halves = torch.tensor(self.pending.get(client, []), dtype=torch.long)
+        return CFLStep(int(self.cluster[client]), halves, self.clusters)
 
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return lowest_loss(losses, self.num_models, list(range(self.clusters)))
+    def receive(self, client: int, upload: Upload) -> None:
+        super().receive(client, upload)
+        self.cluster[client] = int(self.omega[client].argmax())
+        self.pending.pop(client, None)
 
     @property
     def can_split(self) -> bool:

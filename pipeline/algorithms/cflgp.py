@@ -37,10 +37,16 @@ What fedrc chooses (protocol §9):
 - The criterion-model trainings are local trainings like any other to the round loop: their
   loss counts in the round's train loss, and with `persistent_momentum` they carry the client's
   momentum for that model.
+
+Where the data stays (the client part, `CFLGPStep`): the server hands each sampled client its
+cluster (or, not yet clustered, leaves the choice to it) and the round's criterion model; the
+client sends up ω_i, one-hot on the model it trained, beside its trained models (the criterion
+model's is its gradient profile g_i, of which the server keeps the chosen coordinates).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,7 +54,16 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    HardStep,
+    Memory,
+    Upload,
+    hard_gamma,
+    mean_omega,
+    one_hot,
+)
 from pipeline.algorithms.settings import CFLGPSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
@@ -118,6 +133,30 @@ def match_labels(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
     return rename[new]
 
 
+@dataclass
+class CFLGPStep(HardStep):
+    """What a CFL-GP client needs: its cluster (−1: not clustered yet, it takes the model with
+    the lowest loss on its data) and the round's criterion model (−1: not a clustering round).
+    It sends ω_i, one-hot on the model it trains."""
+
+    cluster: int
+    criterion: int
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
+        gamma = hard_gamma(losses, k)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        """The client's cluster model, and in a clustering round also the criterion model
+        (counted nowhere: weight 0); the cluster's own update serves when the two coincide."""
+        tasks = super().local_tasks(gamma, models)
+        m = self.criterion
+        if m >= 0 and m != tasks[0].model:
+            tasks.append(LocalTask(m, models[m], torch.ones_like(gamma[:, m]), weight=0.0))
+        return tasks
+
+
 @described("cfl-gp")
 class CFLGP(HardClustering):
     """Memory: each profiled client's column of G, K·P_c float32 numbers (P_c = the kept
@@ -127,6 +166,7 @@ class CFLGP(HardClustering):
     matrix."""
 
     settings: CFLGPSettings
+    Step = CFLGPStep
 
     def init_state(self) -> None:
         super().init_state()
@@ -152,21 +192,21 @@ class CFLGP(HardClustering):
             return 0
         return self.round // self.settings.clustering_period % self.num_models
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.profile and client not in self.profile:  # not clustered yet: lowest loss
-            self.cluster[client] = int(losses.mean(0).argmin())
-        return hard_gamma(losses, int(self.cluster[client]))
+    def client_step(self, client: int) -> CFLGPStep:
+        unclustered = bool(self.profile) and client not in self.profile
+        return CFLGPStep(
+            cluster=-1 if unclustered else int(self.cluster[client]),
+            criterion=self.criterion if self.clustering else -1,
+        )
+
+    def receive(self, client: int, upload: Upload) -> None:
+        super().receive(client, upload)
+        self.cluster[client] = int(self.omega[client].argmax())
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
-        """The client's cluster model, and in a clustering round also the criterion model
-        (counted nowhere: weight 0); the cluster's own update serves when the two coincide."""
-        tasks = super().local_tasks(client, gamma, models, raw)
-        m = self.criterion
-        if self.clustering and m != tasks[0].model:
-            tasks.append(LocalTask(m, models[m], torch.ones_like(gamma[:, m]), weight=0.0))
-        return tasks
+        return self.client_step(client).local_tasks(gamma, models)
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
@@ -181,7 +221,7 @@ class CFLGP(HardClustering):
         self._clustered = False
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        if task.model == int(self.cluster[client]):
+        if task.weight > 0:  # the cluster's training, not the criterion model's alone
             super().fold(client, task, result)  # Σ_i N_i θ_i and Σ_i N_i of the client's cluster
         if self._probes is not None and task.model == self.criterion:
             update = result.params[self._coords] - self._start[task.model, self._coords]

@@ -74,6 +74,15 @@ class ClientStep:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass
+class HardStep(ClientStep):
+    """The step of a hard assignment: the client trains its cluster's model alone, on all its
+    samples (`hard_tasks`)."""
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        return hard_tasks(gamma, models)
+
+
 def one_hot(index: int, size: int) -> torch.Tensor:
     row = torch.zeros(size, dtype=torch.float64)
     row[index] = 1.0

@@ -37,10 +37,18 @@ Each client scores the models in its first E-step of the step, and the merge com
 of the round by which every client seen so far has done so (the step's first round with full
 participation) or at the step's last round: after that round's training, where the authors
 merge before it.
+
+Where the data stays (the client part, `FedDriftStep`): a client's first E-step of a step is a
+scoring step (`score_steps`): it sends each model's mean loss on its new data, s_k (the
+authors' clients send each model's accuracy), and while a merge is due the sums of those losses
+and N_i, which score the clusters its data stands for. The server runs the detector on these K
+numbers in client order (`receive_scores`) and hands every sampled client its row and the row
+its training starts from; the client sends up ω_i, one-hot on that row, with its trained model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +57,16 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    ClientStep,
+    Memory,
+    Upload,
+    hard_gamma,
+    mean_omega,
+    one_hot,
+)
 from pipeline.algorithms.settings import FedDriftEagerSettings, FedDriftSettings
 from pipeline.engine.task import LocalTask
 
@@ -59,10 +76,54 @@ def lowest(scores: torch.Tensor, allowed: torch.Tensor) -> int:
     return int(scores.masked_fill(~allowed, float("inf")).argmin())
 
 
+def mean_losses(losses: torch.Tensor) -> torch.Tensor:
+    """s_k = L_i(θ_k), each model's mean loss over the client's samples (float64)."""
+    return losses.mean(0).to("cpu", torch.float64)
+
+
+@dataclass
+class FedDriftStep(ClientStep):
+    """A scoring step sends the client's mean loss under each model (with `merging`, also the
+    sums of its losses and N_i); a training step trains the client's row, starting from row
+    `start` (a new row's copy). Either sends nothing per sample."""
+
+    scoring: bool
+    merging: bool
+    row: int  # the client's row this round (−1: none yet)
+    start: int
+    in_use: torch.Tensor  # the rows in use (int64): a held-out client chooses among them
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        if self.scoring:
+            return ClientOutcome(torch.zeros_like(losses), self.scores(losses))
+        gamma = hard_gamma(losses, self.row)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def scores(self, losses: torch.Tensor) -> Upload:
+        upload = {"scores": mean_losses(losses)}
+        if self.merging:
+            upload["sums"] = losses.sum(0).to("cpu", torch.float64)
+            upload["size"] = torch.tensor(float(losses.shape[0]), dtype=torch.float64)
+        return upload
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        if self.scoring:
+            return []
+        k, n = self.row, float(gamma.shape[0])
+        return [LocalTask(k, models[self.start], gamma[:, k], weight=n)]
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The in-use model with the lowest loss on the client's labelled part."""
+        allowed = torch.zeros(losses.shape[1], dtype=torch.bool)
+        allowed[self.in_use] = True
+        return one_hot(lowest(mean_losses(losses), allowed), losses.shape[1])
+
+
 @described("feddrift")
 class FedDrift(HardClustering):
     unlabeled_rule = "fallback: the model in use with the lowest prediction entropy"
     settings: FedDriftSettings
+    Step = FedDriftStep
 
     def init_state(self) -> None:
         super().init_state()
@@ -113,27 +174,39 @@ class FedDrift(HardClustering):
     def candidates(self) -> torch.Tensor:
         return self.in_use & ~self.isolated()
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if int(self.checked[client]) != self.step:  # the client's first E-step of this step
-            self.checked[client] = self.step
-            scores = losses.mean(0).to("cpu", torch.float64)  # s_k = L_i^t(θ_k)
-            before = int(self.cluster[client])
-            row, drifted = self.check(client, scores)
-            # a new concept: a detected drift, or a move to a model in use that fits the data by
-            # more than δ better than its old one (a recurring concept): its current data no
-            # longer stands for its batches in its earlier rows
-            moved = before >= 0 and float(scores[before] - scores[row]) > self.settings.delta
-            if drifted or before < 0 or moved:
-                self.lineage[client] = False
-            self.lineage[client, row] = True
-            self.cluster[client] = row
-            self.chunks[row] += 1
-            self.last_used[row] = self.step
-            if self.merge_due:  # the client's data, under every model b, in its clusters a
-                rows = self.lineage[client]
-                self.table[rows] += losses.sum(0).to("cpu", torch.float64)
-                self.mass[rows] += losses.shape[0]
-        return hard_gamma(losses, int(self.cluster[client]))
+    def step_for(self, client: int, scoring: bool) -> FedDriftStep:
+        k = int(self.cluster[client])
+        in_use = self.in_use.nonzero().flatten()
+        return FedDriftStep(scoring, self.merge_due, k, self.copies.get(k, k), in_use)
+
+    def score_steps(self, sampled: list[int]) -> dict[int, ClientStep]:
+        """The clients at their first E-step of this step: they score every model."""
+        return {c: self.step_for(c, True) for c in sampled if int(self.checked[c]) != self.step}
+
+    def client_step(self, client: int) -> FedDriftStep:
+        return self.step_for(client, False)
+
+    def receive_scores(self, client: int, upload: Upload) -> None:
+        """The client's row for this step from s_k, its mean losses under every row; while a
+        merge is due, its loss sums also score the clusters its data stands for."""
+        self.checked[client] = self.step
+        scores = upload["scores"].to("cpu", torch.float64)  # s_k = L_i^t(θ_k)
+        before = int(self.cluster[client])
+        row, drifted = self.check(client, scores)
+        # a new concept: a detected drift, or a move to a model in use that fits the data by
+        # more than δ better than its old one (a recurring concept): its current data no
+        # longer stands for its batches in its earlier rows
+        moved = before >= 0 and float(scores[before] - scores[row]) > self.settings.delta
+        if drifted or before < 0 or moved:
+            self.lineage[client] = False
+        self.lineage[client, row] = True
+        self.cluster[client] = row
+        self.chunks[row] += 1
+        self.last_used[row] = self.step
+        if self.merge_due:  # the client's data, under every model b, in its clusters a
+            rows = self.lineage[client]
+            self.table[rows] += upload["sums"].to("cpu", torch.float64)
+            self.mass[rows] += float(upload["size"])
 
     def check(self, client: int, scores: torch.Tensor) -> tuple[int, bool]:
         """The client's row for this step, from its mean losses under every row, and whether
@@ -205,9 +278,7 @@ class FedDrift(HardClustering):
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
         """A client on a row opened this round trains from the copy it starts as."""
-        k = int(self.cluster[client])
-        start = models[self.copies.get(k, k)]
-        return [LocalTask(k, start, gamma[:, k], weight=float(gamma.shape[0]))]
+        return self.client_step(client).local_tasks(gamma, models)
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         base = models.clone()
@@ -258,13 +329,6 @@ class FedDrift(HardClustering):
         self.chunks[other] = 0.0
 
     # --- prediction and bookkeeping -----------------------------------------------------------
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        """The in-use model with the lowest loss on the client's labelled part."""
-        scores = losses.mean(0).to("cpu", torch.float64)
-        return one_hot(lowest(scores, self.in_use), self.num_models)
-
     def assign_unlabeled(
         self, client: int, logits: torch.Tensor, images: torch.Tensor
     ) -> torch.Tensor:

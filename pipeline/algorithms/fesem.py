@@ -5,31 +5,61 @@ loss); after training, the server reassigns it to the nearest centre,
 c_i ← argmin_k ‖w_i − θ_k‖₂ (θ_k the centres it started the round with), and each centre
 becomes the N_i-weighted average of its new members. The client's trained weights count in its
 new cluster (the FedRC port drops them when a client changes cluster: a bug, protocol §2).
+
+Where the data stays (the client part, `FeSEMStep`): the server hands each sampled client its
+cluster (none at first: it takes the model with the lowest loss on its data); the client sends
+up ω_i, one-hot on the model it trains, beside its trained model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import HardClustering, hard_gamma, one_hot
+from pipeline.algorithms.base import HardClustering
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    HardStep,
+    Memory,
+    Upload,
+    hard_gamma,
+    mean_omega,
+    one_hot,
+)
 from pipeline.engine.task import LocalResult, LocalTask
+
+
+@dataclass
+class FeSEMStep(HardStep):
+    """What a FeSEM client needs: its cluster (−1: none yet, it takes the lowest-loss model)."""
+
+    cluster: int
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
+        gamma = hard_gamma(losses, k)
+        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
 
 
 @described("fesem")
 class FeSEM(HardClustering):
+    Step = FeSEMStep
+
     def init_state(self) -> None:
         super().init_state()
         self.cluster = torch.full((self.num_clients,), -1, dtype=torch.long)
         self._centres: torch.Tensor | None = None
         self._moved: torch.Tensor | None = None  # (clients,): 1 + the new cluster, 0: not moved
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.cluster[client] < 0:
-            self.cluster[client] = int(losses.mean(0).argmin())
-        return hard_gamma(losses, int(self.cluster[client]))
+    def client_step(self, client: int) -> FeSEMStep:
+        return FeSEMStep(int(self.cluster[client]))
+
+    def receive(self, client: int, upload: Upload) -> None:
+        super().receive(client, upload)
+        self.cluster[client] = int(self.omega[client].argmax())
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)

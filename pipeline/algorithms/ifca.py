@@ -13,26 +13,16 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
-from pipeline.algorithms.client import (
-    ClientOutcome,
-    ClientStep,
-    Memory,
-    hard_gamma,
-    hard_tasks,
-    mean_omega,
-)
+from pipeline.algorithms.client import ClientOutcome, HardStep, Memory, hard_gamma, mean_omega
 
 
 @dataclass
-class IFCAStep(ClientStep):
+class IFCAStep(HardStep):
     """The client needs only the K models; it sends its chosen index (ω_i one-hot)."""
 
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
         gamma = hard_gamma(losses, int(losses.mean(0).argmin()))
         return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
-
-    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor):
-        return hard_tasks(gamma, models)
 
 
 @described("ifca")

@@ -34,25 +34,87 @@ returns of that round are dropped, their model being replaced). The authors' tra
 the global trainings (each client starts from the previous client's result); fedrc starts every
 client from the received θ_g, as the paper's FedAvg step does.
 
+Where the data stays (the client part, `StoCFLStep`): the server hands each sampled client its
+cluster's row (given in `plan_round`, in client order), the rows held at its turn and its ω; the
+client chooses its ω_i on its own data and sends it up beside its trained models (its θ_i^obs, of
+which the server keeps ψ_i, as the authors' server does).
+
 Memory: ψ_i of every client seen (clients × model, float32), as the authors' server keeps it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import Algorithm, lowest_loss, one_hot
+from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.client import (
+    ClientOutcome,
+    ClientStep,
+    Memory,
+    Upload,
+    lowest_loss,
+    one_hot,
+)
 from pipeline.algorithms.settings import StoCFLSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
 
+@dataclass
+class StoCFLStep(ClientStep):
+    """What a StoCFL client needs: its cluster's row (−1: none), the rows held when it was
+    sampled (to choose among when its cluster has none), its ω, and what its trainings start
+    from. It sends ω_i, one-hot on the row it predicts with (its ψ_i leaves as a trained model,
+    the anchor row's)."""
+
+    omega: torch.Tensor  # (K,) ω_i, kept while no row is held
+    row: int
+    held: torch.Tensor  # the rows held at the client's turn, int64
+    first_contact: bool  # never trained before: it trains θ_a (its θ_i^obs) and θ_g
+    fresh: bool  # its cluster's row was given this round: it starts from θ_g
+    started: bool  # θ_g has been aggregated once (before that it starts as θ_a)
+    mu: float
+
+    def chosen(self, losses: torch.Tensor) -> torch.Tensor:
+        """ω_i: one-hot on its cluster's row, else on the held row with the lowest mean loss
+        (unchanged while none is held)."""
+        k = self.omega.numel()
+        if self.row >= 0:
+            return one_hot(self.row, k)
+        if not self.held.numel():
+            return self.omega
+        return lowest_loss(losses, k, self.held.tolist())
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        omega = self.chosen(losses)
+        return ClientOutcome(omega.to(losses).expand_as(losses).clone(), {"omega": omega})
+
+    def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.chosen(losses)
+
+    def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
+        k = self.omega.numel()
+        global_row, anchor_row = k, k + 1
+        ones = torch.ones_like(gamma[:, 0])
+        theta_g = models[global_row] if self.started else models[anchor_row]
+        if self.first_contact:  # θ_i^obs, trained from the anchor
+            tasks = [LocalTask(anchor_row, models[anchor_row], ones)]
+        elif self.row >= 0:  # min_w L_i(w) + (μ/2)‖w − θ_g‖²: the cluster level
+            start = theta_g if self.fresh else models[self.row]
+            tasks = [LocalTask(self.row, start, ones, anchor=theta_g, mu=self.mu)]
+        else:
+            tasks = []
+        return [*tasks, LocalTask(global_row, theta_g, ones)]  # the global level, plain
+
+
 @described("stocfl")
 class StoCFL(Algorithm):
     settings: StoCFLSettings
+    Step = StoCFLStep
 
     def init_state(self) -> None:
         super().init_state()
@@ -62,7 +124,7 @@ class StoCFL(Algorithm):
         self.started = False  # θ_g has been aggregated once (before that it is θ_a)
         self._sampled: list[int] = []
         self._fresh: set[int] = set()  # rows given to a cluster this round: they start at θ_g
-        self._omega: torch.Tensor | None = None  # ω of the client just assigned (`client_omega`)
+        self._held: dict[int, list[int]] = {}  # sampled client → the rows held at its turn
         self._observed: RowStore | None = None
 
     @property
@@ -77,63 +139,49 @@ class StoCFL(Algorithm):
     def anchor_row(self) -> int:
         return self.num_models + 1
 
-    def combine_logits(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw[: self.num_models]
-
     def held_rows(self) -> list[int]:
         return sorted(int(k) for k in self.row[self.row >= 0])
 
-    def lowest_loss(self, client: int, losses: torch.Tensor) -> torch.Tensor:
-        """ω_i one-hot on the held model with the lowest mean loss (unchanged while none is)."""
-        held = self.held_rows()
-        if not held:
-            return self.omega[client]
-        return lowest_loss(losses, self.num_models, held)
+    def plan_round(self, sampled: list[int]) -> None:
+        """In client order: a cluster seen before whose member is sampled gets a free row, its
+        first model, a copy of θ_g; each client's turn sees the rows held then."""
+        for client in sampled:
+            c = int(self.cluster[client])
+            if client in self.psi and self.row[c] < 0:
+                free = sorted(set(range(self.num_models)) - set(self.held_rows()))
+                if free:
+                    self.row[c] = free[0]
+                    self._fresh.add(free[0])
+            self._held[client] = self.held_rows()
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def client_step(self, client: int) -> StoCFLStep:
+        k = int(self.row[self.cluster[client]])
+        held = self._held.get(client, self.held_rows())
+        return StoCFLStep(
+            omega=self.omega[client].clone(),
+            row=k,
+            held=torch.tensor(held, dtype=torch.long),
+            first_contact=client not in self.psi,
+            fresh=k in self._fresh,
+            started=self.started,
+            mu=self.settings.mu,
+        )
+
+    def receive(self, client: int, upload: Upload) -> None:
         self._sampled.append(client)
-        c = int(self.cluster[client])
-        if client in self.psi and self.row[c] < 0:
-            free = sorted(set(range(self.num_models)) - set(self.held_rows()))
-            if free:  # the cluster's first model: a copy of θ_g
-                self.row[c] = free[0]
-                self._fresh.add(free[0])
-        if self.row[c] >= 0:
-            self._omega = one_hot(int(self.row[c]), self.num_models)
-        else:
-            self._omega = self.lowest_loss(client, losses)
-        return self._omega.to(losses).expand_as(losses).clone()
-
-    def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
-        return self._omega  # as chosen, in float64 (γ holds it in the losses' float32)
-
-    def assign_held_out(
-        self, client: int, losses: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        return self.lowest_loss(client, losses)
-
-    def global_start(self, models: torch.Tensor) -> torch.Tensor:
-        return models[self.global_row] if self.started else models[self.anchor_row]
+        super().receive(client, upload)
 
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
-        ones = torch.ones_like(gamma[:, 0])
-        theta_g = self.global_start(models)
-        if client not in self.psi:  # first contact: θ_i^obs, trained from the anchor
-            tasks = [LocalTask(self.anchor_row, models[self.anchor_row], ones)]
-        else:
-            k = int(self.row[self.cluster[client]])
-            start = theta_g if k in self._fresh else models[k]
-            # min_w L_i(w) + (μ/2)‖w − θ_g‖²: the cluster level
-            tasks = (
-                [LocalTask(k, start, ones, anchor=theta_g, mu=self.settings.mu)] if k >= 0 else []
-            )
-        return [*tasks, LocalTask(self.global_row, theta_g, ones)]  # the global level, plain
+        return self.client_step(client).local_tasks(gamma, models)
+
+    def global_start(self, models: torch.Tensor) -> torch.Tensor:
+        return models[self.global_row] if self.started else models[self.anchor_row]
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._sampled, self._fresh = [], set()
+        self._sampled, self._fresh, self._held = [], set(), {}
         self._observed = RowStore(models.shape[1])
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
@@ -156,6 +204,7 @@ class StoCFL(Algorithm):
             for i, row in zip(client, observed):
                 self.psi[i] = anchor.float() - row  # ψ_i = θ_a − θ_i^obs
         self._observed.close()
+        self._held = {}
         self.merge(sorted(set(self._sampled)))
         self.started = True
         return new

@@ -134,7 +134,7 @@ def answer_steps(
     memory = {client: recall(state, client) for client, *_ in clients}
     work = ClientWork(
         data, models, {}, {}, {c: m for c, m in memory.items() if m is not None},
-        algorithm.config.skip_below, skipped=skipped,
+        algorithm.config.skip_below, algorithm.num_models, skipped=skipped,
     )  # fmt: skip
 
     def jobs():
@@ -172,12 +172,13 @@ def answer_scores(
         labels = data.labels[local].to(device)
         raw = executor.logits(models, data.images[local].to(device))
         finite = finite and bool(torch.isfinite(raw).all())
+        predictors = algorithm.combine_logits(raw)  # the base's: the first K rows
         omega = job.omega
         if job.step is not None:
             omega = omegas[job.client] = held_out_omega(
-                job.step, raw[:, : job.train], labels[: job.train]
+                job.step, predictors[:, : job.train], labels[: job.train]
             )
-        accuracy[job.client] = client_accuracy(raw, labels, job.train, omega)
+        accuracy[job.client] = client_accuracy(predictors, labels, job.train, omega)
     return wire.scores_reply(accuracy, omegas, finite)
 
 

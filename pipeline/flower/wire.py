@@ -1,7 +1,7 @@
 """What travels between the fedrc server and its SuperNodes, as Flower records.
 
-For an algorithm with a client part (`Algorithm.client_part`: FedAvg, FedProx, IFCA, FedEM,
-FedRC) a node answers:
+For an algorithm with a client part (`Algorithm.client_part`: FedAvg, FedProx, IFCA, CFL,
+FeSEM, FedEM, FedRC, StoCFL, CFL-GP, FedDrift, FedDrift-Eager) a node answers:
 
 - `query.hello`     → its benchmark's content hash and its client ids
 - `train.steps`     models (R, P) and, per client, its `ClientStep` (the server state its E-step
@@ -9,7 +9,9 @@ FedRC) a node answers:
                     (ω_i, FedRC's label table, …) and per local training the model row, its
                     weight N_i, the trained parameters and the loss sum. γ, losses, logits and
                     labels stay on the node; so does a client's memory (FedRC's Adam moments),
-                    in the node's Flower state for the run (`Context.state`)
+                    in the node's Flower state for the run (`Context.state`). A scoring step
+                    (`Algorithm.score_steps`: FedDrift's K mean losses) travels the same way
+                    and trains nothing
 - `evaluate.scores` models and, per client, its global rows, the size of its training part and
                     its ω (a held-out client: its `ClientStep`) → per client four accuracies
                     (soft and hard, training and test part), a held-out client's ω, and whether
