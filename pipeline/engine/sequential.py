@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.engine.heap import keep_freed_buffers
-from pipeline.engine.sgd import LocalSGD
 from pipeline.engine.task import Job, LocalResult, LocalTask, Stage
 
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
@@ -66,7 +65,9 @@ class SequentialExecutor:
         self.params = list(self.model.parameters())
         # The flat layout: every parameter, then every floating-point buffer (BatchNorm stats).
         self.tensors = self.params + [b for b in self.model.buffers() if b.is_floating_point()]
-        self.sgd = LocalSGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.optimizer = torch.optim.SGD(
+            self.params, lr=lr, momentum=momentum, weight_decay=weight_decay
+        )
         self.momentum = momentum
         self.weight_decay = weight_decay
         # the final layer, whose input is the features of staged tasks (the rule of
@@ -182,7 +183,10 @@ class SequentialExecutor:
         task's buffer."""
         self.load(task.start)
         self.model.train()
-        self.sgd.start(None if task.momentum is None else self._views(task.momentum))
+        self.optimizer.state.clear()
+        if task.momentum is not None:
+            for p, buf in zip(self.params, self._views(task.momentum)):
+                self.optimizer.state[p]["momentum_buffer"] = buf.clone()
 
     def _batches(self, order: torch.Tensor) -> Iterator[torch.Tensor]:
         """`order` cut into batches of `batch_size`; with `drop_last`, without a final partial
@@ -206,18 +210,25 @@ class SequentialExecutor:
             out = out + task.offset[idx]
         per_sample = F.cross_entropy(out, labels[idx], reduction="none")
         weighted = (task.weights[idx] * per_sample).sum()
-        self.sgd.zero_grad()
+        self.optimizer.zero_grad(set_to_none=True)
         (weighted / idx.numel()).backward()
         if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
             with torch.no_grad():
                 for p, a in zip(self.params, anchor):
                     p.grad.add_(p - a, alpha=task.mu)
-        self.sgd.step()
+        self.optimizer.step()
         return weighted.detach()
 
     def _momentum_of(self, task: LocalTask) -> torch.Tensor | None:
         """The flat momentum buffer to hand back when the task brought one (None otherwise)."""
-        return None if task.momentum is None else self.sgd.flat_momentum()
+        if task.momentum is None:
+            return None
+        return torch.cat(
+            [
+                self.optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
+                for p in self.params
+            ]
+        )
 
     # --- staged training (LocalTask.stages; task.py's docstring) ---------------------------
     def trains(self, stage: Stage) -> list[bool]:
