@@ -75,7 +75,6 @@ from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, s
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
-from pipeline.algorithms.folding import FOLD_BLOCK, fold_in_spans, owns_its_memory
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
@@ -142,8 +141,7 @@ class Algorithm(ABC):
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
-        self._sums: torch.Tensor | None = None  # `sums`, without the folds still pending
-        self._pending: dict[int, list[tuple[torch.Tensor, float]]] = {}  # row → (θ, w) to fold
+        self.sums: torch.Tensor | None = None  # (R, P) Σ_i w_ik θ_ik of the round (`accumulate`)
         self.totals: torch.Tensor | None = None  # (R,) Σ_i w_ik
         self.init_state()
 
@@ -347,18 +345,6 @@ class Algorithm(ABC):
         return soft_tasks(gamma, models)
 
     # --- aggregation ----------------------------------------------------------------------
-    @property
-    def sums(self) -> torch.Tensor | None:
-        """(R, P) Σ_i w_ik θ_ik of the round so far (`accumulate`)."""
-        for row in list(self._pending):
-            self._fold_pending(row)
-        return self._sums
-
-    @sums.setter
-    def sums(self, value: torch.Tensor | None) -> None:
-        self._pending.clear()
-        self._sums = value
-
     def begin_round(self, models: torch.Tensor) -> None:
         self.sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
         self.totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
@@ -366,21 +352,9 @@ class Algorithm(ABC):
     def accumulate(self, row: int, vector: torch.Tensor, weight: float) -> None:
         """sums[row] += weight · vector, totals[row] += weight. `add_` with `alpha` multiplies
         and adds in the sums' float64 in one pass: half the time of `+= w * θ`, which makes a
-        float32 product first (3,000 folds a round at 1,000 clients, benchmarks/scale.py).
-
-        On the CPU a vector that owns its memory (not a view into a chunk of results, which it
-        would keep alive) waits until `FOLD_BLOCK` of its row have come; they are then added in
-        cache-sized spans of the sums (`fold_in_spans`), each element in the same order as one
-        at a time, so the numbers are the same and the float64 sums cross memory once per block
-        instead of once per vector."""
+        float32 product first (3,000 folds a round at 1,000 clients, benchmarks/scale.py)."""
+        self.sums[row].add_(vector, alpha=weight)
         self.totals[row] += weight
-        pending = self._pending.setdefault(row, [])
-        pending.append((vector, weight))
-        if len(pending) == FOLD_BLOCK or vector.device.type != "cpu" or not owns_its_memory(vector):
-            self._fold_pending(row)  # in order: what waits first
-
-    def _fold_pending(self, row: int) -> None:
-        fold_in_spans(self._sums[row], self._pending.pop(row, []))
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         """Σ_i w_ik θ_ik and Σ_i w_ik per row k."""
