@@ -46,11 +46,11 @@ class Checkpoints:
 
     out: Path
     identity: str  # the run's identity as JSON: what a resume must match
-    every: int  # `checkpoint_interval`
+    every: int  # `checkpoint_interval`; 0: never, not even at the end
     warned: bool = False  # about state a checkpoint leaves out (`warn_uncovered_state`)
 
     def due(self, run: Run, round_: int) -> bool:
-        return round_ % self.every == 0 or round_ == run.config.rounds
+        return self.every > 0 and (round_ % self.every == 0 or round_ == run.config.rounds)
 
     def save(self, run: Run, progress: Progress) -> None:
         """The momentum snapshot (every place takes part), then checkpoint.pt (the main

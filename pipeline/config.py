@@ -330,7 +330,7 @@ class TrainConfig:
     checkpoint_every: int | None = option(
         None,
         "Write checkpoint.pt every N rounds (and at the last); none: every round while a "
-        "checkpoint is under 512 MB.",
+        "checkpoint is under 512 MB; 0: never (the run can be neither resumed nor extended).",
     )
 
     # Execution
@@ -375,7 +375,9 @@ class TrainConfig:
         )
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         ce = self.checkpoint_every
-        _require(ce is None or ce >= 1, f"{t}.checkpoint_every", "an integer >= 1 or null", ce)
+        _require(
+            ce is None or ce >= 0, f"{t}.checkpoint_every", "an integer >= 0 (0: never) or null", ce
+        )
         _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
         ex, cc = self.executor, self.chunk_clients
         _require(ex in EXECUTORS, f"{t}.executor", f"one of {EXECUTORS}", ex)

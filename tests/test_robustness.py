@@ -523,9 +523,9 @@ CASES = [
     ("t-participation", ["train", "--participation", "1.5"], nothing, ["participation", "(0, 1]"]),
     (
         "t-ckpt-every",
-        ["train", "--checkpoint-every", "0"],
+        ["train", "--checkpoint-every", "-1"],
         nothing,
-        ["train.checkpoint_every", ">= 1"],
+        ["train.checkpoint_every", ">= 0"],
     ),
     ("t-lr-inf", ["train", "--lr", "inf"], nothing, ["train.lr", "finite"]),
     (

@@ -237,3 +237,22 @@ def test_momentum_kept_in_memory_trains_as_the_live_file_does(
 
 def test_momentum_stays_on_the_disk_off_a_gpu() -> None:
     assert momentum_module.memory_for(CPU, 1) is None
+
+
+def test_checkpoint_every_0_writes_none_and_the_same_model(tiny_data: Path, tmp_path: Path) -> None:
+    """`checkpoint_every: 0` (the GPU check, for runs that fit in a command): no checkpoint.pt
+    or momentum snapshot, not even at the end, and the numbers of a checkpointed run; extending
+    such a run is one line."""
+    extra = dict(algorithm="fedrc", persistent_momentum=True, rounds=2)
+    never = train_stage(tiny_config(tiny_data, tmp_path / "never", checkpoint_every=0, **extra))
+    every = train_stage(tiny_config(tiny_data, tmp_path / "every", checkpoint_every=1, **extra))
+    assert not (never / rf.CHECKPOINT).exists() and not list(never.glob("checkpoint-momentum-*"))
+    assert (every / rf.CHECKPOINT).is_file()
+    assert torch.equal(
+        rf.load_state(never / rf.MODEL)["models"], rf.load_state(every / rf.MODEL)["models"]
+    )
+    with pytest.raises(FedrcError) as info:
+        train_stage(
+            tiny_config(tiny_data, never, checkpoint_every=0, **{**extra, "rounds": 3}), resume=True
+        )
+    assert "\n" not in str(info.value)
