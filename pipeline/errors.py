@@ -13,6 +13,11 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def first_few(names: list[str], most: int = 3) -> str:
+    """Up to `most` names for a message, with "…" when there are more."""
+    return ", ".join(names[:most]) + (", …" if len(names) > most else "")
+
+
 class FedrcWarning(UserWarning):
     """Something a user should know that does not stop the command: the CLI prints the
     message on one line (`warnings.warn(FedrcWarning(...))` in the library)."""

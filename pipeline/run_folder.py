@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline import run_files as rf
 from pipeline.data.records import MANIFEST
 from pipeline.derived import DERIVED, remove_derived
-from pipeline.errors import FedrcError, FedrcWarning
+from pipeline.errors import FedrcError, FedrcWarning, first_few
 from pipeline.io import remove_leftovers
 from pipeline.live import FOLDER as LIVE_FOLDER
 from pipeline.momentum import LIVE_FILE
@@ -66,10 +66,9 @@ def refuse_foreign(out: Path) -> None:
         )
     names = foreign_names(out)
     if names:
-        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
         raise FedrcError(
-            f"--out: {out} holds files that are not a fedrc run ({shown}); choose another --out "
-            "(an empty or new folder)"
+            f"--out: {out} holds files that are not a fedrc run ({first_few(names)}); choose "
+            "another --out (an empty or new folder)"
         )
 
 

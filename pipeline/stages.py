@@ -28,7 +28,7 @@ from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.drift_scores import over_time
-from pipeline.errors import FedrcError
+from pipeline.errors import FedrcError, first_few
 from pipeline.evaluate import (
     all_logits,
     concept_purity,
@@ -100,9 +100,8 @@ def check_partition_out(out: Path, overwrite: bool) -> None:
         )
     foreign = foreign_files(out)
     if foreign:
-        shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
         raise FedrcError(
-            f"--out: {out} holds a benchmark and files fedrc did not write ({shown}); "
+            f"--out: {out} holds a benchmark and files fedrc did not write ({first_few(foreign)}); "
             "replacing it would delete them: move them out or choose another --out"
         )
     if not overwrite:
