@@ -381,8 +381,7 @@ class Probe:
             self.first = None  # time the next one alone
             return None
         if self.solo_s is None:
-            solo = [r for r in first.rounds_seen if r.running == (1, 1) and not r.checkpointed]
-            if len(solo) < rounds:
+            if sum(r.count for r in first.timed_rounds(1)) < rounds:
                 return None
             self.solo_s = first.seconds_per_round(1)
             gpu = self.sampler.between(self.since, time.monotonic())
@@ -392,11 +391,12 @@ class Probe:
             )
             self.gpu = gpu or {}
             if self.n == 1:
-                return self.decide(1, "one trial keeps the GPU busy or fills it")
+                busy = self.gpu.get("util", 0) >= 80
+                why = "busy" if busy else "two do not fit in its memory or the work disk"
+                return self.decide(1, f"one trial at a time: {why}")
             self.limit = self.n
             return None
-        together = [r for r in first.rounds_seen if r.running == (self.n, self.n)]
-        if len([r for r in together if not r.checkpointed]) < rounds:
+        if sum(r.count for r in first.timed_rounds(self.n)) < rounds:
             return None
         together_s = first.seconds_per_round(self.n)
         keep = gt.keep_together(self.solo_s, together_s, self.n)  # type: ignore[arg-type]

@@ -84,6 +84,22 @@ def test_a_restarted_training_is_timed_from_its_own_lines(tmp_path: Path) -> Non
     assert all(r.gap_s < 1.0 for r in job.rounds_seen)
 
 
+def test_rounds_faster_than_the_reads_are_timed_by_their_count(tmp_path: Path) -> None:
+    """Read once a second, rounds of 0.34 s arrive two or three at a time; the median of single
+    gaps read them as 1 s (a paper-scale FedAvg on the H100)."""
+    from benchmarks.gpu_trials import Job, Round, Trial
+
+    job = Job(Trial("fedavg", 0), tmp_path, {}, 200, 25, lambda r, e: [], lambda r, f: [])
+    job.rounds_seen = [
+        Round(3, 1.0, (1, 1), False, 3), Round(6, 1.0, (1, 1), False, 3),
+        Round(8, 0.68, (1, 1), False, 2), Round(25, 5.0, (1, 1), True, 3),
+        Round(28, 1.0, (2, 2), False, 2),
+    ]  # fmt: skip
+    assert job.seconds_per_round(1) == pytest.approx(2.68 / 8)
+    assert job.seconds_per_round() == pytest.approx(3.68 / 10)
+    assert job.checkpoint_s() == pytest.approx(5.0 - 3 * 0.368)
+
+
 def test_how_many_trials_at_once() -> None:
     from benchmarks.gpu_trials import how_many, keep_together
 
