@@ -31,7 +31,7 @@ def evaluate(params: ParamsOption = None, **options: Any) -> None:
 
 def accuracy_table(result: dict[str, Any]) -> Table:
     """Local and global accuracy at the best-train round, the last round and the best global."""
-    tuned = ", fine-tuned" if result["finetune"] else ""
+    tuned = f", fine-tuned at lr {result['finetune_lr']:g}" if result["finetune"] else ""
     table = Table(title=f"{result['algorithm']} ({result['prediction']} prediction{tuned})")
     table.add_column("")
     table.add_column("round", justify="right")

@@ -430,6 +430,11 @@ class EvalConfig:
         "FedRC-FT: one γ-weighted epoch on each client before the last-round scores (the global "
         "models stay unchanged).",
     )
+    finetune_lr: float | None = option(
+        None,
+        "FedRC-FT's SGD learning rate (default: the run's lr). One step at a large training lr "
+        "can overshoot on one client's data; docs/protocol.md.",
+    )
     unlabeled: bool = option(
         True,
         "Also score the held-out clients assigned without their labels (the method's own "
@@ -437,7 +442,12 @@ class EvalConfig:
     )
 
     def validate(self) -> None:
-        pass
+        lr = self.finetune_lr
+        if lr is None:
+            return
+        if not self.finetune:
+            raise FedrcError("eval.finetune_lr: fine-tunes nothing without eval.finetune")
+        _require(math.isfinite(lr) and 0 < lr <= 10, "eval.finetune_lr", "a number in (0, 10]", lr)
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,8 @@ def check_result(path: Path, result: dict[str, Any]) -> None:
     prediction, finetune = result["prediction"], result["finetune"]
     _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")
     _require(path, "finetune", finetune, isinstance(finetune, bool), "true or false")
+    lr = result.get("finetune_lr")
+    _require(path, "finetune_lr", lr, lr is None or (_number(lr) and lr > 0), "a positive number")
     best = result["best_round"]
     _require(path, "best_round", best, _count(best) and best >= 1, "a round")
     if "over_time" in result:
@@ -246,7 +248,15 @@ def _identity(run: Run) -> tuple:
     identity = run_settings(run).identity()
     identity.pop("seed")
     identity.update({k: run.result[k] for k in EVAL_KEYS})
+    identity["finetune_lr"] = own_finetune_lr(run)
     return tuple(sorted((k, json.dumps(v)) for k, v in identity.items()))
+
+
+def own_finetune_lr(run: Run) -> float | None:
+    """FedRC-FT's lr where it is not the run's own (eval.json's `finetune_lr`, from
+    `--finetune-lr`); None for the run's lr and for results written before it was recorded."""
+    lr = run.result.get("finetune_lr")
+    return None if lr is None or lr == run.config.get("lr") else lr
 
 
 def run_settings(run: Run) -> TrainConfig:
@@ -261,6 +271,8 @@ def _base_label(run: Run) -> str:
     config = run_settings(run)
     algorithm = ALGORITHMS.get(config.algorithm)
     name = algorithm.label(config.algorithm_settings) + ("-FT" if run.result["finetune"] else "")
+    if (lr := own_finetune_lr(run)) is not None:
+        name += f" (FT lr {lr:g})"
     own_rule = issubclass(algorithm, HardClustering)
     return name + (" (hard)" if run.result["prediction"] == "hard" and not own_rule else "")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -187,6 +188,7 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "algorithm": train_config.algorithm,
         "prediction": "hard" if config.hard else "soft",
         "finetune": config.finetune,
+        "finetune_lr": (config.finetune_lr or train_config.lr) if config.finetune else None,
         "best_round": best["round"],
         **_at(best, prefix),
         "final_round": final["round"],
@@ -300,7 +302,11 @@ def _score_final(
             raise FedrcError(
                 f"--finetune: {algorithm.title} already scores clients with personal models"
             )
-        own = finetuned_logits(algorithm, executor, models, data, train_config.seed)
+        tuning = executor
+        if config.finetune_lr is not None:  # the same model and settings, another lr
+            changed = dataclasses.replace(train_config, lr=config.finetune_lr)
+            tuning = make_executor(changed, data, data.images.device)
+        own = finetuned_logits(algorithm, tuning, models, data, train_config.seed)
     else:
         own = personal_logits(algorithm, executor, data, everyone)
     table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
