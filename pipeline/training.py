@@ -278,6 +278,21 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
     return loss_sum
 
 
+def warn_no_clusters(config: TrainConfig, settings: object) -> None:
+    """A warm-up (Fed-CAM's β) as long as the run: the clusters never form, and the run is the
+    global model's FedAvg under the algorithm's name."""
+    warmup = getattr(settings, "warmup_rounds", 0)
+    if warmup >= config.rounds:
+        warnings.warn(
+            FedrcWarning(
+                f"warmup_rounds: {warmup} of the run's {config.rounds} rounds: the clusters never "
+                f"form and {config.algorithm} trains the global model alone; set "
+                "--set warmup_rounds=N below train.rounds (the paper: 30 of 100)"
+            ),
+            stacklevel=2,
+        )
+
+
 def warn_spare_models(run: Run, data: str) -> None:
     """K above the number of participating clients: some clusters can have no client."""
     k, clients = run.algorithm.num_models, len(run.data.participating)
@@ -413,6 +428,7 @@ def open_run(
     opened.callback(run.momentum.close)
     if comm.is_main:
         warn_spare_models(run, config.data)
+        warn_no_clusters(config, run.algorithm.settings)
     progress = resume_run(run, out, wanted) if resume else Progress()
     log = RunLog(run, out, digest)
     opened.callback(log.close)

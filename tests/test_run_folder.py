@@ -316,6 +316,20 @@ def test_more_clusters_than_clients_is_a_one_line_warning(here: Path) -> None:
     assert result.exit_code == 0 and not stderr_lines(result), result.output
 
 
+def test_a_warm_up_as_long_as_the_run_is_a_one_line_warning(here: Path) -> None:
+    """Fed-CAM's default warm-up (30 rounds) over a shorter run: the clusters never form."""
+    args = ["train", *TRAIN, "--rounds", "2", "--algorithm", "ifca-cam", "--out", "cam"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert stderr_lines(result) == [
+        "Warning: warmup_rounds: 30 of the run's 2 rounds: the clusters never form and ifca-cam "
+        "trains the global model alone; set --set warmup_rounds=N below train.rounds (the "
+        "paper: 30 of 100)"
+    ], result.output
+    result = invoke(*args, "--set", "warmup_rounds=1", "--overwrite")
+    assert result.exit_code == 0 and not stderr_lines(result), result.output
+
+
 @pytest.mark.parametrize("clusters", ["100000", "5000"])
 def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, clusters) -> None:
     """K models that cannot fit are refused before any is built: 100,000 would fail in torch's
