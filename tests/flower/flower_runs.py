@@ -20,7 +20,13 @@ BASE = dict(
     rounds=3, local_epochs=2, batch_size=16, lr=0.05, clusters=2, participation=0.5,
     eval_every=1, device="cpu",
 )  # fmt: skip
-SETTINGS = {"fedrc": {"estep": "adam", "prune_threshold": 0.05}, "fedsoft": {"mu": 0.01}}
+SETTINGS = {
+    "fedrc": {"estep": "adam", "prune_threshold": 0.05},
+    "fedsoft": {"mu": 0.01},
+    # past the warm-up after round 1, so that the clusters form (the default 30 rounds: never)
+    "fesem-cam": {"warmup_rounds": 1},
+    "ifca-cam": {"warmup_rounds": 1},
+}
 
 
 def flower_config(data: Path, algorithm: str, out: Path, **values) -> TrainConfig:
