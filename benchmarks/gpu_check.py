@@ -381,7 +381,7 @@ class Probe:
             self.first = None  # time the next one alone
             return None
         if self.solo_s is None:
-            if sum(r.count for r in first.timed_rounds(1)) < rounds:
+            if first.rounds_timed(1) < rounds:
                 return None
             self.solo_s = first.seconds_per_round(1)
             gpu = self.sampler.between(self.since, time.monotonic())
@@ -396,7 +396,7 @@ class Probe:
                 return self.decide(1, f"one trial at a time: {why}")
             self.limit = self.n
             return None
-        if sum(r.count for r in first.timed_rounds(self.n)) < rounds:
+        if first.rounds_timed(self.n) < rounds:
             return None
         together_s = first.seconds_per_round(self.n)
         keep = gt.keep_together(self.solo_s, together_s, self.n)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ import torch
 
 from pipeline import distributed
 from pipeline.algorithms.client import ClientStep, Memory, Upload, sample_predictions
+from pipeline.algorithms.settings import CAMSettings
 from pipeline.checkpoints import Checkpoints, checkpoint_interval, resume_run
 from pipeline.checks import require_finite
 from pipeline.clients import ClientWork, LocalClients
@@ -281,13 +282,12 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
 def warn_no_clusters(config: TrainConfig, settings: object) -> None:
     """A warm-up (Fed-CAM's β) as long as the run: the clusters never form, and the run is the
     global model's FedAvg under the algorithm's name."""
-    warmup = getattr(settings, "warmup_rounds", 0)
-    if warmup >= config.rounds:
+    if isinstance(settings, CAMSettings) and settings.warmup_rounds >= config.rounds:
         warnings.warn(
             FedrcWarning(
-                f"warmup_rounds: {warmup} of the run's {config.rounds} rounds: the clusters never "
-                f"form and {config.algorithm} trains the global model alone; set "
-                "--set warmup_rounds=N below train.rounds (the paper: 30 of 100)"
+                f"warmup_rounds: {settings.warmup_rounds} of the run's {config.rounds} rounds: "
+                f"the clusters never form and {config.algorithm} trains the global model alone; "
+                "set --set warmup_rounds=N below train.rounds (the paper: 30 of 100)"
             ),
             stacklevel=2,
         )

@@ -30,13 +30,11 @@ from scipy.spatial.distance import squareform
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import (
-    ClientOutcome,
     HardStep,
     Memory,
     Upload,
-    hard_gamma,
+    hard_outcome,
     lowest_loss,
-    mean_omega,
     one_hot,
 )
 from pipeline.algorithms.settings import CFLSettings
@@ -86,8 +84,7 @@ class CFLStep(HardStep):
         if self.halves.numel():  # the half whose model has the lower loss on its data
             halves = self.halves.tolist()
             k = halves[int(losses[:, halves].mean(0).argmin())]
-        gamma = hard_gamma(losses, k)
-        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+        return hard_outcome(losses, k)
 
     def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return lowest_loss(losses, losses.shape[1], list(range(self.clusters)))

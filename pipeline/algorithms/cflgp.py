@@ -56,12 +56,8 @@ from scipy.optimize import linear_sum_assignment
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import (
-    ClientOutcome,
-    HardStep,
-    Memory,
+    ClusterStep,
     Upload,
-    hard_gamma,
-    mean_omega,
     one_hot,
 )
 from pipeline.algorithms.settings import CFLGPSettings
@@ -134,18 +130,12 @@ def match_labels(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
 
 
 @dataclass
-class CFLGPStep(HardStep):
+class CFLGPStep(ClusterStep):
     """What a CFL-GP client needs: its cluster (−1: not clustered yet, it takes the model with
     the lowest loss on its data) and the round's criterion model (−1: not a clustering round).
     It sends ω_i, one-hot on the model it trains."""
 
-    cluster: int
     criterion: int
-
-    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
-        k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
-        gamma = hard_gamma(losses, k)
-        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
 
     def local_tasks(self, gamma: torch.Tensor, models: torch.Tensor) -> list[LocalTask]:
         """The client's cluster model, and in a clustering round also the criterion model

@@ -83,6 +83,24 @@ class HardStep(ClientStep):
         return hard_tasks(gamma, models)
 
 
+@dataclass
+class ClusterStep(HardStep):
+    """The step of a cluster the server keeps for the client (−1: none yet, and the client takes
+    the model with the lowest loss on its data); the client sends ω_i, one-hot on that model."""
+
+    cluster: int
+
+    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
+        k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
+        return hard_outcome(losses, k)
+
+
+def hard_outcome(losses: torch.Tensor, cluster: int) -> ClientOutcome:
+    """A hard assignment's E-step: every sample on `cluster`, ω_i one-hot on it sent up."""
+    gamma = hard_gamma(losses, cluster)
+    return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+
 def one_hot(index: int, size: int) -> torch.Tensor:
     row = torch.zeros(size, dtype=torch.float64)
     row[index] = 1.0

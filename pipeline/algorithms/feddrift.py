@@ -63,8 +63,7 @@ from pipeline.algorithms.client import (
     ClientStep,
     Memory,
     Upload,
-    hard_gamma,
-    mean_omega,
+    hard_outcome,
     one_hot,
 )
 from pipeline.algorithms.settings import FedDriftEagerSettings, FedDriftSettings
@@ -96,8 +95,7 @@ class FedDriftStep(ClientStep):
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
         if self.scoring:
             return ClientOutcome(torch.zeros_like(losses), self.scores(losses))
-        gamma = hard_gamma(losses, self.row)
-        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+        return hard_outcome(losses, self.row)
 
     def scores(self, losses: torch.Tensor) -> Upload:
         upload = {"scores": mean_losses(losses)}

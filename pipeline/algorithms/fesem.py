@@ -6,47 +6,26 @@ c_i ← argmin_k ‖w_i − θ_k‖₂ (θ_k the centres it started the round wi
 becomes the N_i-weighted average of its new members. The client's trained weights count in its
 new cluster (the FedRC port drops them when a client changes cluster: a bug, protocol §2).
 
-Where the data stays (the client part, `FeSEMStep`): the server hands each sampled client its
+Where the data stays (the client part, `ClusterStep`): the server hands each sampled client its
 cluster (none at first: it takes the model with the lowest loss on its data); the client sends
 up ω_i, one-hot on the model it trains, beside its trained model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
-from pipeline.algorithms.client import (
-    ClientOutcome,
-    HardStep,
-    Memory,
-    Upload,
-    hard_gamma,
-    mean_omega,
-    one_hot,
-)
+from pipeline.algorithms.client import ClusterStep, Upload, one_hot
 from pipeline.engine.task import LocalResult, LocalTask
-
-
-@dataclass
-class FeSEMStep(HardStep):
-    """What a FeSEM client needs: its cluster (−1: none yet, it takes the lowest-loss model)."""
-
-    cluster: int
-
-    def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
-        k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
-        gamma = hard_gamma(losses, k)
-        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
 
 
 @described("fesem")
 class FeSEM(HardClustering):
-    Step = FeSEMStep
+    Step = ClusterStep  # its cluster (−1: none yet)
 
     def init_state(self) -> None:
         super().init_state()
@@ -54,8 +33,8 @@ class FeSEM(HardClustering):
         self._centres: torch.Tensor | None = None
         self._moved: torch.Tensor | None = None  # (clients,): 1 + the new cluster, 0: not moved
 
-    def client_step(self, client: int) -> FeSEMStep:
-        return FeSEMStep(int(self.cluster[client]))
+    def client_step(self, client: int) -> ClusterStep:
+        return ClusterStep(int(self.cluster[client]))
 
     def receive(self, client: int, upload: Upload) -> None:
         super().receive(client, upload)

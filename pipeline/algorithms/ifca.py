@@ -13,7 +13,7 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
-from pipeline.algorithms.client import ClientOutcome, HardStep, Memory, hard_gamma, mean_omega
+from pipeline.algorithms.client import HardStep, Memory, hard_outcome
 
 
 @dataclass
@@ -21,8 +21,7 @@ class IFCAStep(HardStep):
     """The client needs only the K models; it sends its chosen index (ω_i one-hot)."""
 
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
-        gamma = hard_gamma(losses, int(losses.mean(0).argmin()))
-        return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+        return hard_outcome(losses, int(losses.mean(0).argmin()))
 
 
 @described("ifca")
