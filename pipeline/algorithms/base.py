@@ -350,10 +350,8 @@ class Algorithm(ABC):
         self.totals = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
 
     def accumulate(self, row: int, vector: torch.Tensor, weight: float) -> None:
-        """sums[row] += weight · vector, totals[row] += weight. `add_` with `alpha` multiplies
-        and adds in the sums' float64 in one pass: half the time of `+= w * θ`, which makes a
-        float32 product first (3,000 folds a round at 1,000 clients, benchmarks/scale.py)."""
-        self.sums[row].add_(vector, alpha=weight)
+        """sums[row] += weight · vector, totals[row] += weight (`add_into`)."""
+        add_into(self.sums[row], vector, weight)
         self.totals[row] += weight
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
@@ -423,6 +421,26 @@ class HardClustering(Algorithm):
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:
         return hard_tasks(gamma, models)
+
+
+FOLD_CHUNK = 1 << 19  # elements: a 4 MB float64 block, measured fastest on the 2-core EPYC
+
+
+def add_into(sums: torch.Tensor, vector: torch.Tensor, weight: float) -> None:
+    """sums += weight · vector, in the sums' dtype (float64), the numbers of
+    `sums.add_(vector, alpha=weight)`. On the CPU a float32 `vector` is first cast to float64 a
+    block at a time: torch's add of mixed dtypes runs a casting loop at about half the speed of
+    an add of float64 (1.1 against 0.6 ms for the FMNIST CNN), while the block stays in cache
+    between its cast and its add (0.9 ms for both). A fold is made once per client and model
+    (9,000 a round at 3,000 clients, `benchmarks/many_clients.py`)."""
+    if sums.device.type != "cpu" or vector.dtype == sums.dtype:
+        sums.add_(vector, alpha=weight)
+        return
+    block = torch.empty(min(FOLD_CHUNK, vector.numel()), dtype=sums.dtype)
+    for part, piece in zip(sums.split(FOLD_CHUNK), vector.split(FOLD_CHUNK)):
+        cast = block[: piece.numel()]
+        cast.copy_(piece)
+        part.add_(cast, alpha=weight)
 
 
 def _predictions(wanted: bool, predictions: torch.Tensor | None, who: str) -> dict[str, Any]:

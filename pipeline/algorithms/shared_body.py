@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, add_into
 from pipeline.algorithms.settings import SharedBodySettings
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -35,7 +35,7 @@ class SharedBody(Algorithm):
         super().fold(client, task, result)
         if self.settings.shared_body:
             mass = float(task.weights.sum())
-            self._body_sum.add_(result.params, alpha=mass)
+            add_into(self._body_sum, result.params, mass)
             self._body_mass += mass
 
     def contributions(self) -> list[torch.Tensor]:

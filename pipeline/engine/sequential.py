@@ -41,6 +41,19 @@ class NonFiniteLoss(ArithmeticError):
         self.index, self.job = index, job
 
 
+def compact_layout(tensors: list[torch.Tensor]) -> bool:
+    """Whether the flat layout of `tensors` (one after the other) can be their storage as it is:
+    on the CPU, with every tensor starting on a 64-byte boundary, the alignment torch's CPU
+    allocator gives each tensor of its own, so kernels see the memory they would otherwise see.
+    (The FMNIST CNN's layout is compact; elsewhere the module keeps its own tensors.)"""
+    offset = 0
+    for t in tensors:
+        if t.device.type != "cpu" or offset * t.element_size() % 64:
+            return False
+        offset += t.numel()
+    return True
+
+
 class SequentialExecutor:
     def __init__(
         self,
@@ -65,11 +78,12 @@ class SequentialExecutor:
         self.params = list(self.model.parameters())
         # The flat layout: every parameter, then every floating-point buffer (BatchNorm stats).
         self.tensors = self.params + [b for b in self.model.buffers() if b.is_floating_point()]
-        self.optimizer = torch.optim.SGD(
-            self.params, lr=lr, momentum=momentum, weight_decay=weight_decay
-        )
+        self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        # where each tensor lives outside a plain training (`load`, `logits`, staged training)
+        self.own = [t.data for t in self.tensors]
+        self.compact = compact_layout(self.tensors)
         # the final layer, whose input is the features of staged tasks (the rule of
         # `models.layout.head_range`: the last module that owns parameters)
         self.final = [m for m in self.model.modules() if any(True for _ in m.parameters(False))][-1]
@@ -165,28 +179,54 @@ class SequentialExecutor:
         """
         if task.stages:
             return self.train_staged(task, images, labels, seed)
-        self._start(task)
         anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
         gen = torch.Generator().manual_seed(seed)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(self.local_epochs):
-            order = torch.randperm(labels.shape[0], generator=gen).to(self.device)
-            for idx in self._batches(order):
-                total += self._sgd_step(task, images, labels, idx, anchor)
+        bufs = self._start_momentum(task)
+        trained = self._start(task)
+        try:
+            for _ in range(self.local_epochs):
+                order = torch.randperm(labels.shape[0], generator=gen).to(self.device)
+                for idx in self._batches(order):
+                    total += self._sgd_step(task, images, labels, idx, anchor, bufs)
+            if trained is None:
+                trained = self.flatten()
+        finally:
+            self._bind(self.own)
         loss_sum = float(total)
         if not torch.isfinite(total):
             raise NonFiniteLoss(f"local loss {loss_sum}")
-        return LocalResult(self.flatten(), loss_sum, self._momentum_of(task))
+        return LocalResult(trained, loss_sum, self._momentum_of(task, bufs))
 
-    def _start(self, task: LocalTask) -> None:
-        """The model at the task's start in training mode; SGD's momentum fresh, or the
-        task's buffer."""
-        self.load(task.start)
+    def _start(self, task: LocalTask) -> torch.Tensor | None:
+        """The model at the task's start, in training mode. With a compact layout it trains in
+        a fresh copy of `task.start`, returned: that copy is the result, no flattening needed
+        (the module is bound back to its own tensors afterwards). Otherwise the start is loaded
+        into the module's own tensors, and None is returned."""
         self.model.train()
-        self.optimizer.state.clear()
-        if task.momentum is not None:
-            for p, buf in zip(self.params, self._views(task.momentum)):
-                self.optimizer.state[p]["momentum_buffer"] = buf.clone()
+        if not self.compact:
+            self.load(task.start)
+            return None
+        trained = task.start.to(self.device, copy=True)
+        self._bind(self._split(trained))
+        return trained
+
+    def _bind(self, tensors: list[torch.Tensor]) -> None:
+        """Point the module's parameters and buffers at `tensors` (no copy)."""
+        for t, data in zip(self.tensors, tensors):
+            t.data = data
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """`flat` cut into views shaped like the module's tensors (parameters, then buffers)."""
+        pieces = flat.split([t.numel() for t in self.tensors])
+        return [v.view_as(t) for v, t in zip(pieces, self.tensors)]
+
+    def _start_momentum(self, task: LocalTask) -> list[torch.Tensor | None]:
+        """Each parameter's SGD momentum buffer at the start: a copy of the task's, or None
+        (fresh: the first step's gradient becomes it)."""
+        if task.momentum is None:
+            return [None] * len(self.params)
+        return [buf.clone() for buf in self._views(task.momentum.to(self.device))]
 
     def _batches(self, order: torch.Tensor) -> Iterator[torch.Tensor]:
         """`order` cut into batches of `batch_size`; with `drop_last`, without a final partial
@@ -203,6 +243,7 @@ class SequentialExecutor:
         labels: torch.Tensor,
         idx: torch.Tensor,
         anchor: list[torch.Tensor] | None,
+        bufs: list[torch.Tensor | None],
     ) -> torch.Tensor:
         """One SGD step on the batch of rows `idx`; returns its Σ w·f, detached."""
         out = self.forward(images[idx])
@@ -210,25 +251,43 @@ class SequentialExecutor:
             out = out + task.offset[idx]
         per_sample = F.cross_entropy(out, labels[idx], reduction="none")
         weighted = (task.weights[idx] * per_sample).sum()
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
         (weighted / idx.numel()).backward()
-        if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
-            with torch.no_grad():
+        with torch.no_grad():
+            if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
                 for p, a in zip(self.params, anchor):
                     p.grad.add_(p - a, alpha=task.mu)
-        self.optimizer.step()
+            self._sgd_update(bufs)
         return weighted.detach()
 
-    def _momentum_of(self, task: LocalTask) -> torch.Tensor | None:
-        """The flat momentum buffer to hand back when the task brought one (None otherwise)."""
+    def _sgd_update(self, bufs: list[torch.Tensor | None]) -> None:
+        """`torch.optim.SGD`'s step, operation for operation (its single-tensor path: dampening
+        0, no Nesterov), on the module's parameters; `bufs[i]` is parameter i's momentum buffer,
+        None before its first step. A fresh buffer is the gradient itself where torch copies it:
+        each step's gradients are new tensors here (`p.grad = None` before every backward
+        pass), so the buffer owns its gradient, and the model-sized copy is saved. A parameter
+        without a gradient is skipped, as torch does."""
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            if grad is None:
+                continue
+            if self.weight_decay != 0:
+                grad = grad.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                if bufs[i] is None:
+                    bufs[i] = grad
+                else:
+                    bufs[i].mul_(self.momentum).add_(grad, alpha=1)
+                grad = bufs[i]
+            p.add_(grad, alpha=-self.lr)
+
+    def _momentum_of(self, task: LocalTask, bufs: list[torch.Tensor | None]) -> torch.Tensor | None:
+        """The flat momentum buffer to hand back when the task brought one (None otherwise;
+        with momentum 0 SGD leaves the task's buffer as it was)."""
         if task.momentum is None:
             return None
-        return torch.cat(
-            [
-                self.optimizer.state[p].get("momentum_buffer", torch.zeros_like(p)).reshape(-1)
-                for p in self.params
-            ]
-        )
+        return torch.cat([b.reshape(-1) for b in bufs])
 
     # --- staged training (LocalTask.stages; task.py's docstring) ---------------------------
     def trains(self, stage: Stage) -> list[bool]:
