@@ -142,3 +142,18 @@ def test_the_fold_is_torchs_mixed_dtype_add(monkeypatch: pytest.MonkeyPatch) -> 
         expected.add_(vector, alpha=weight)
         base.add_into(sums, vector, weight)
     assert torch.equal(sums, expected)
+
+
+def test_training_after_inference_is_in_training_mode() -> None:
+    """`logits` leaves the module in eval mode; the next training switches it back (BatchNorm
+    then normalizes with the batch's statistics), as a fresh executor's training does."""
+    kw = dict(lr=0.1, momentum=0.9, weight_decay=0.0, batch_size=3, local_epochs=1, drop_last=False)
+    images, labels, weights = data()
+    used, fresh = executor(compact_model, **kw), executor(compact_model, **kw)
+    start = fresh.flatten()
+    used.logits(start[None], images)
+    assert not used.model[2].training
+    got = used.train(LocalTask(0, start, weights), images, labels, seed=2).params
+    assert used.model[2].training
+    expected = fresh.train(LocalTask(0, start, weights), images, labels, seed=2).params
+    assert torch.equal(got, expected)
