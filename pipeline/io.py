@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -117,16 +117,27 @@ def write_json(path: Path, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def read_parquet(path: Path, missing: str) -> pa.Table:
+def read_parquet(
+    path: Path, missing: str, check: Callable[[bytes], None] | None = None
+) -> pa.Table:
     """A Parquet table, or a one-line FedrcError naming the file; `missing` explains absence.
+    `check` sees the file's bytes before they are parsed (a shard's SHA-256): the bytes checked
+    are the bytes read, which a second read of the file could not promise.
 
-    Read as one file: `pq.read_table` would first discover a dataset at the path and read it
-    on Arrow's thread pool, 8 ms a file against 0.5 ms for a client's small shard on a loaded
-    2-core CPU, 25 s for a benchmark of 3,000 clients (`benchmarks/many_clients.py`)."""
+    Read as one buffer on this thread: `pq.read_table` would first discover a dataset at the
+    path and read it on Arrow's thread pool, 8 ms a file against 0.3 ms for a client's small
+    shard on a loaded 2-core CPU, 25 s for a benchmark of 3,000 clients
+    (`benchmarks/many_clients.py`)."""
     if not path.is_file():
         raise FedrcError(f"{path}: {missing}")
     try:
-        with pq.ParquetFile(path) as file:
-            return file.read()
+        data = path.read_bytes()
+    except OSError as e:
+        raise FedrcError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if check is not None:
+        check(data)
+    try:
+        with pq.ParquetFile(pa.py_buffer(data), pre_buffer=False) as file:
+            return file.read(use_threads=False)
     except (pa.ArrowException, OSError) as e:
         raise FedrcError(f"{path}: corrupt Parquet file ({str(e).splitlines()[0]})") from None

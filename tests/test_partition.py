@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+import torch
 
 from pipeline.config import PartitionConfig
+from pipeline.data import shards
 from pipeline.data.benchmark import write_benchmark
 from pipeline.data.client_mix import client_types, mix_groups
 from pipeline.data.concepts import parse_concept
@@ -237,6 +239,28 @@ def test_changed_shard_and_old_format_are_refused(tmp_path: Path) -> None:
     manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 1'))
     with pytest.raises(FedrcError, match="older fedrc"):
         read_manifest(tmp_path / "a")
+
+
+def test_a_shard_is_parsed_from_the_bytes_its_hash_was_checked_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard replaced on disk right after its SHA-256 was checked (another client's valid
+    shard) cannot slip in: the file is read once, and the checked bytes are the parsed ones."""
+    build(tmp_path, "a")
+    honest = load_federated(tmp_path / "a")
+    folder = tmp_path / "a" / "shards"
+    real = shards.check_shard_hash
+
+    def check_then_swap(path: Path, manifest: Manifest, data: bytes) -> None:
+        real(path, manifest, data)
+        if path.name == "client-00002.parquet":
+            path.write_bytes((folder / "client-00003.parquet").read_bytes())
+
+    monkeypatch.setattr(shards, "check_shard_hash", check_then_swap)
+    loaded = load_federated(tmp_path / "a")
+    swapped = (folder / "client-00002.parquet").read_bytes()
+    assert swapped == (folder / "client-00003.parquet").read_bytes()  # the swap happened
+    assert torch.equal(loaded.images, honest.images) and torch.equal(loaded.labels, honest.labels)
 
 
 def test_replicated_colour_pool_goes_through_the_same_builder(tmp_path: Path) -> None:

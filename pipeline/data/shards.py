@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -320,8 +321,7 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         path = folder / SHARDS / shard_name(position)
         if not path.is_file():
             raise FedrcError(f"{path}: shard missing")
-        check_shard_hash(path, manifest)
-        table = read_parquet(path, "shard missing")
+        table = read_parquet(path, "shard missing", partial(check_shard_hash, path, manifest))
         expected = entry.size
         if table.num_rows != expected or not table.schema.equals(schema):
             raise FedrcError(
@@ -353,12 +353,13 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
     return over_steps(data, spans)
 
 
-def check_shard_hash(path: Path, manifest: Manifest) -> None:
-    """The shard's SHA-256 must be the one the manifest recorded when it was written."""
+def check_shard_hash(path: Path, manifest: Manifest, data: bytes) -> None:
+    """The shard's bytes `data` must have the SHA-256 the manifest recorded when it was
+    written."""
     recorded = manifest.files.get(path.name)
     if recorded is None:
         raise FedrcError(f"{path}: the manifest records no SHA-256 for this shard")
-    if sha256_file(path) != recorded:
+    if hashlib.sha256(data).hexdigest() != recorded:
         raise FedrcError(
             f"{path}: SHA-256 does not match the manifest (the shard was changed or damaged "
             "after `fedrc partition`); partition again"
