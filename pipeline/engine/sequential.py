@@ -12,6 +12,7 @@ leaves autocast off and the numbers exactly as they were.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -202,7 +203,7 @@ class SequentialExecutor:
         finally:
             self._bind(self.own)
         loss_sum = float(total)
-        if not torch.isfinite(total):
+        if not math.isfinite(loss_sum):
             raise NonFiniteLoss(f"local loss {loss_sum}")
         return LocalResult(trained, loss_sum, self._momentum_of(task, bufs))
 
