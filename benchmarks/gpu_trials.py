@@ -231,8 +231,9 @@ class Job:
         """Seconds per round over the reads without a checkpoint: their gaps over their rounds,
         exact however the rounds fall between the reads (a median of single gaps read a
         0.34 s round as the 1 s between reads)."""
-        rounds = self.rounds_timed(running)
-        return sum(r.gap_s for r in self.timed_rounds(running)) / rounds if rounds else None
+        timed = self.timed_rounds(running)
+        rounds = sum(r.count for r in timed)
+        return sum(r.gap_s for r in timed) / rounds if rounds else None
 
     def checkpoint_s(self) -> float | None:
         """The longest checkpoint write seen: a checkpointed read's extra seconds."""

@@ -319,8 +319,6 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
             spans.append([(slice(offset, offset), slice(offset, offset))] * steps)
             continue
         path = folder / SHARDS / shard_name(position)
-        if not path.is_file():
-            raise FedrcError(f"{path}: shard missing")
         table = read_parquet(path, "shard missing", partial(check_shard_hash, path, manifest))
         expected = entry.size
         if table.num_rows != expected or not table.schema.equals(schema):
