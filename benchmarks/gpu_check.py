@@ -52,8 +52,9 @@ class Sizes:
         self.report_every_s = 1e9 if dry else 60.0  # dry: one report per invocation
         self.poll_s = 0.2 if dry else 1.0
 
-    def fixed_steps(self, py: str) -> list[tuple[str, list[str], str, str]]:
-        """(step, command, results file, title) before the matrix, as the script ran them."""
+    def fixed_steps(self, py: str, data: Path) -> list[tuple[str, list[str], str, str]]:
+        """(step, command, results file, title) before the matrix, as the script ran them;
+        `data` is the partitioned benchmark, made before the profile."""
         speed = [py, "benchmarks/speed.py", "--device", self.device, "--algorithm", "fedrc"]
         if self.dry:
             fmnist = ["--clients", "2", "--samples", "16", "--rounds", "1", "--warmup", "0"]
@@ -67,8 +68,13 @@ class Sizes:
             scale = ["--rounds", "2", "--warmup", "1"]
             precision = ["--round-rounds", "3", "--round-warmup", "1"]
         pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
+        profile = [py, "benchmarks/gpu_profile.py", "--device", self.device, "--data", str(data)]
+        if self.dry:
+            profile += ["--warmup", "1", "--rounds", "1", "--top", "5"]
         return [
             ("cuda-tests", [*pytest, "tests/test_cuda.py"], "cuda-tests.txt", "tests marked cuda"),
+            ("profile", profile, "profile.md", "FedRC at paper scale under torch.profiler "
+             "(gpu_profile.py)"),
             ("speed-fmnist", [*speed, "--dataset", "fmnist", "--model", "cnn", "--models", "3",
              *fmnist], "speed.md", "FMNIST CNN, FedRC, K = 3 (speed.py)"),
             ("speed-cifar10", [*speed, "--dataset", "cifar10", "--model", "mobilenet_v2",
@@ -87,6 +93,7 @@ class Check:
         self.args, self.sizes = args, Sizes(args.dry_run)
         self.py = os.environ.get("PYTHON", sys.executable)
         self.results, self.work = Path(args.results).resolve(), Path(args.work).resolve()
+        self.data = self.work / "data" / "federated"
         self.plan = {
             "dry_run": args.dry_run, "device": self.sizes.device, "clients": self.sizes.clients,
             "rounds": self.sizes.rounds, "seeds": args.seeds, "algorithms": self.algorithms(),
@@ -141,10 +148,10 @@ class Check:
 
     def fixed_steps(self) -> bool:
         """The tests and the speed rows; False when the time ran out before they were done."""
-        for step, argv, file, title in self.sizes.fixed_steps(self.py):
+        for step, argv, file, title in self.sizes.fixed_steps(self.py, self.data):
             if self.state.settled(step):
                 continue
-            if self.left() < 10:
+            if self.left() < 10 or (step == "profile" and not self.partition()):
                 return False
             log = self.work / "logs" / f"{step}.log"
             log.unlink(missing_ok=True)
@@ -169,7 +176,7 @@ class Check:
         self.save()
 
     def partition(self) -> bool:
-        data = self.work / "data" / "federated"
+        data = self.data
         if not (data / "manifest.json").is_file():
             if self.left() < 60 and not self.sizes.dry:
                 return False
@@ -443,7 +450,9 @@ def run(args: argparse.Namespace) -> int:
         check.matrix()
     check.report()
     check.save()
-    steps = [s for s, *_ in check.sizes.fixed_steps(check.py)] + [t.name for t in check.trials()]
+    steps = [s for s, *_ in check.sizes.fixed_steps(check.py, check.data)] + [
+        t.name for t in check.trials()
+    ]
     left = [s for s in steps if not check.state.settled(s)]
     seconds = time.monotonic() - check.began
     when = datetime.datetime.fromtimestamp(check.began_wall).isoformat(timespec="seconds")

@@ -24,6 +24,7 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "skipped" in out  # the cuda tests were collected (and skipped on the CPU)
+    assert "# Profile of fedrc" in out and "| client_parts |" in out  # gpu_profile.py
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
     # the matrix: stopped with a checkpoint, resumed from it on the same machine, started over
@@ -31,12 +32,52 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
     assert "train from round 2" in out
     fresh = out[out.index("on a fresh machine") :]
-    assert "train from round 0" in fresh and "done: 10 of 10 steps; failed: none" in fresh
+    assert "train from round 0" in fresh and "done: 12 of 12 steps; failed: none" in fresh
     assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
     assert out.rstrip().endswith("dry run: every step ran, --continue included")
 
 
 # ---- the parts of the check that need no GPU and no child process --------------------------
+
+
+def event(name: str, start: float, end: float, device: str = "cuda") -> object:
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    kind = DeviceType.CUDA if device == "cuda" else DeviceType.CPU
+    return SimpleNamespace(name=name, device_type=kind, time_range=span, self_cpu_time_total=0)
+
+
+def test_the_profile_counts_device_work_not_its_own_labels() -> None:
+    from benchmarks.gpu_profile import device_summary, gaps, host_summary, union
+
+    assert union([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
+    assert gaps([(0, 3), (5, 8), (20, 21)]) == [2, 12]
+    events = [  # one round of 100 us: two kernels, a copy, and the labels the script adds
+        event("phase::client_parts", 0, 100), event("inner::executor.logits", 0, 50),
+        event("gemm", 10, 30), event("relu", 30, 33), event("Memcpy HtoD (Pageable)", 60, 70),
+        event("phase::client_parts", 0, 100, "cpu"), event("cudaStreamSynchronize", 40, 45, "cpu"),
+    ]  # fmt: skip
+    text = "\n".join(device_summary(events, wall_us=100, rounds=1, top=5))
+    assert "GPU busy 0.0 ms a round of 0.1 ms wall (33.0 %); 2 kernels a round" in text
+    assert "phase::" not in text and "inner::" not in text
+    assert "| gemm | 1.0 | 0.02 | 20.0 | 60.6 |" in text
+    assert "| Memcpy HtoD | 1.0 | 0.01 |" in text
+    host = "\n".join(host_summary(events, rounds=1, top=5))
+    assert "| cudaStreamSynchronize | 1.0 | 0.01 |" in host
+    assert "| client_parts |" in host and "| 33 % |" in host  # 33 of its 100 us busy
+
+
+def test_the_profile_runs_on_the_cpu(tiny_data: Path, capsys) -> None:
+    from benchmarks.gpu_profile import main
+
+    main(["--data", str(tiny_data), "--device", "cpu", "--warmup", "1", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "No device activity was recorded" in out
+    assert "| client_parts |" in out and "| executor.train |" in out
+    assert "pipeline/training.py" in out  # the cProfile of one round
 
 
 def test_a_training_is_stopped_when_its_next_save_cannot_be_written_in_time() -> None:
