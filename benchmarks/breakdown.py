@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.speed import plain_step_rate
-from pipeline import training
-from pipeline.communicate import Communicator
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
-from pipeline.resolve import make_config
+from pipeline.places.communicate import Communicator
+from pipeline.run import training
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage
 
 

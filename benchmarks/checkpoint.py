@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from speed import synthetic
 
-from pipeline.communicate import Communicator
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.evaluate import per_sample_losses
-from pipeline.resolve import make_config
-from pipeline.training import build_run, checkpoint_interval, save_checkpoint
+from pipeline.evaluation.accuracy import per_sample_losses
+from pipeline.places.communicate import Communicator
+from pipeline.run.resolve import make_config
+from pipeline.run.training import build_run, checkpoint_interval, save_checkpoint
 
 MB = 1e6
 

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import torch
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.corruptions import COLOUR_SUITE, GREY_SUITE, corrupt
-from pipeline.errors import FedrcError
 
 
 def grey_images(n: int) -> tuple[np.ndarray, str]:

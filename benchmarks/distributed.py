@@ -2,16 +2,11 @@
 
 Builds a small synthetic benchmark, then for each process count runs
 `torchrun --nproc-per-node N benchmarks/distributed.py --worker …`, the real `fedrc train`
-path (`pipeline.training.run_training`, sharded under torchrun). Rank 0 reports each round's
-seconds and the bytes that its collectives moved (`pipeline.distributed.Group.traffic`: tensor
-bytes all-reduced, all-gathered (received, padding included) and broadcast, plus pickled
-objects). One process is the plain single-process loop: no process group, no traffic.
-
-    PYTHONPATH=. OMP_NUM_THREADS=1 python3 benchmarks/distributed.py --procs 1 2 \\
-        --clients 8 --samples 300 --rounds 4 --algorithms fedavg fedrc fesem
-    PYTHONPATH=. python3 benchmarks/distributed.py --device cuda --procs 1 2 4 8 …  # GPUs
-
-The first round (start-up, first E-step without cached logits) is left out of the mean.
+path (`pipeline.run.training.run_training`, sharded under torchrun). Rank 0 reports each
+round's seconds and the bytes that its collectives moved
+(`pipeline.places.distributed.Group.traffic`: tensor bytes all-reduced, all-gathered (received,
+padding included) and broadcast, plus pickled objects). One process is the plain
+single-process loop: no process group, no traffic.
 """
 
 from __future__ import annotations
@@ -29,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker(args: argparse.Namespace) -> None:
-    from pipeline import distributed
-    from pipeline.resolve import make_config
-    from pipeline.training import run_training
+    from pipeline.places import distributed
+    from pipeline.run.resolve import make_config
+    from pipeline.run.training import run_training
 
     rows, last = [], {"all_reduce": 0, "all_gather": 0, "broadcast": 0}
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.config import PartitionConfig  # noqa: E402
 from pipeline.flower.local import LocalDeployment  # noqa: E402
-from pipeline.run_files import METRICS, read_metrics  # noqa: E402
+from pipeline.run.files import METRICS, read_metrics  # noqa: E402
 from pipeline.stages import partition_stage  # noqa: E402
 
 SETTINGS = dict(local_epochs=1, batch_size=32, lr=0.05, device="cpu")

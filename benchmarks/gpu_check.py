@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from benchmarks import gpu_results as gr
 from benchmarks import gpu_trials as gt
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "experiments" / "fmnist" / "params.yaml"

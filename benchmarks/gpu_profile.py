@@ -41,15 +41,15 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from pipeline import training
-from pipeline.communicate import Communicator
 from pipeline.config import read_params
-from pipeline.resolve import train_config
-from pipeline.run_setup import Progress, Run, build_run, load_data
+from pipeline.places.communicate import Communicator
+from pipeline.run import training
+from pipeline.run.resolve import train_config
+from pipeline.run.setup import Progress, Run, build_run, load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "experiments" / "fmnist" / "params.yaml"
-PHASES = {  # pipeline.training's functions that make up a round, and what they do
+PHASES = {  # pipeline.run.training's functions that make up a round, and what they do
     "client_parts": "the clients' parts: E-step and local training (FedRC, FedEM, …)",
     "estep_inputs": "E-step losses, for algorithms without a client part",
     "train_and_fold": "local training and folding, for algorithms without a client part",

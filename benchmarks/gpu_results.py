@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pipeline.derived import EVAL, EVAL_CLIENTS, keep_model_digest
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_file
-from pipeline.run_files import ASSIGNMENTS, CONFIG, METRICS
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_file
+from pipeline.run.derived import EVAL, EVAL_CLIENTS, keep_model_digest
+from pipeline.run.files import ASSIGNMENTS, CONFIG, METRICS
 
 STATE = "state.json"
 FORMAT = 1

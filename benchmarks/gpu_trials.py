@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.run_files import checkpoint_round
+from pipeline.run.files import checkpoint_round
 
 ROUND_LINE = re.compile(r"^round (\d+)/(\d+) ")
 INTERRUPTED = (143, -signal.SIGTERM, -signal.SIGKILL)  # stopped by us: not a failure

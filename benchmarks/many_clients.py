@@ -26,17 +26,17 @@ from pathlib import Path
 # (phase, function, caller or None): a phase's time is the function's cumulative time, only
 # in calls from the caller where one is named; a function is (module file, name)
 PHASES = [
-    ("load shards + manifest", ("run_setup.py", "load_data"), None),
-    ("build run (models, algorithm)", ("run_setup.py", "build_run"), None),
-    ("E-step logits", ("sequential.py", "logits"), ("clients.py", "jobs")),
-    ("client steps (E-step, tasks)", ("clients.py", "client_jobs"), None),
-    ("local training", ("sequential.py", "train"), ("sequential.py", "stream")),
-    ("folding results", ("fold",), ("training.py", "fold_results")),
-    ("aggregation", ("aggregate",), ("training.py", "train_round")),
-    ("evaluation", ("training.py", "evaluation_checked"), None),
-    ("log + checkpoint", ("run_log.py", "add"), None),
-    ("log + checkpoint", ("checkpoints.py", "save"), None),
-    ("log + checkpoint", ("checkpoints.py", "save_model"), None),
+    ("load shards + manifest", ("run/setup.py", "load_data"), None),
+    ("build run (models, algorithm)", ("run/setup.py", "build_run"), None),
+    ("E-step logits", ("engine/sequential.py", "logits"), ("run/clients.py", "jobs")),
+    ("client steps (E-step, tasks)", ("run/clients.py", "client_jobs"), None),
+    ("local training", ("engine/sequential.py", "train"), ("engine/sequential.py", "stream")),
+    ("folding results", ("fold",), ("run/training.py", "fold_results")),
+    ("aggregation", ("aggregate",), ("run/training.py", "train_round")),
+    ("evaluation", ("run/training.py", "evaluation_checked"), None),
+    ("log + checkpoint", ("run/log.py", "add"), None),
+    ("log + checkpoint", ("run/checkpoints.py", "save"), None),
+    ("log + checkpoint", ("run/checkpoints.py", "save_model"), None),
 ]
 
 

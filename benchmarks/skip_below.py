@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import PartitionConfig
-from pipeline.resolve import make_config
-from pipeline.run_files import ASSIGNMENTS, METRICS, read_assignments, read_metrics
+from pipeline.run.files import ASSIGNMENTS, METRICS, read_assignments, read_metrics
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 

@@ -1,7 +1,7 @@
 """Seconds per federated round of the sequential and the batched executor, side by side.
 
 Synthetic uint8 images of the dataset's shape (random pixels and labels: this measures speed,
-not accuracy), every client participating, the real round loop (`pipeline.training.train_round`:
+not accuracy), every client participating, the real round loop (`pipeline.run.training.train_round`:
 E-step, local training streamed into the aggregate, aggregation). Each executor runs in its own
 child process, so its peak memory is its own.
 
@@ -28,14 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.records import ClientRecord, Manifest, content_hash
 from pipeline.data.shards import FederatedData
 from pipeline.engine.sequential import as_input
 from pipeline.models import build_model
-from pipeline.resolve import make_config
-from pipeline.training import build_run, train_round
+from pipeline.places.communicate import Communicator
+from pipeline.run.resolve import make_config
+from pipeline.run.training import build_run, train_round
 
 SHAPES = {"fmnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 

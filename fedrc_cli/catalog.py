@@ -10,10 +10,10 @@ from rich.console import Group
 from rich.table import Table
 
 from pipeline.algorithms import ALGORITHMS
+from pipeline.common.registry import Entry, Registry
+from pipeline.common.settings import description, field_types
 from pipeline.data.loaders import DATASETS
 from pipeline.models import MODELS
-from pipeline.plugins import Entry, Registry
-from pipeline.settings import description, field_types
 
 REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, MODELS, DATASETS)
 

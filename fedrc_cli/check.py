@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from fedrc_cli.common import ParamsOption, console, user_errors, writable_output, writing
+from pipeline.common.errors import counted
 from pipeline.config import read_params
-from pipeline.errors import counted
 
 # The folders the stages write, by their params.yaml key: checked here because under `dvc
 # repro` DVC itself touches a stage's outputs before its command could name the problem.

@@ -18,9 +18,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.common.errors import FedrcError, FedrcWarning
 from pipeline.config import TrainConfig, build_config, read_params
-from pipeline.errors import FedrcError, FedrcWarning
-from pipeline.launch import env_rank, launched, leaving_with_error
+from pipeline.places.launch import env_rank, launched, leaving_with_error
 
 # Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
 console = Console(quiet=env_rank() > 0)

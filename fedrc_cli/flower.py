@@ -57,7 +57,7 @@ def app(
             )
         if on_node_loss not in ON_NODE_LOSS:
             raise fail(f"--on-node-loss: expected one of {ON_NODE_LOSS}, got {on_node_loss!r}")
-        from pipeline.resolve import train_config  # torch: the algorithms' own settings
+        from pipeline.run.resolve import train_config  # torch: the algorithms' own settings
 
         config = train_config(read_params(params), options, set_ or [])
         check_config(config)

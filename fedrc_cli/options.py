@@ -18,9 +18,9 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from pipeline import strict_yaml
-from pipeline.errors import FedrcError
-from pipeline.settings import field_types
+from pipeline.common import strict_yaml
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import field_types
 
 PARAMS = Path("params.yaml")
 

@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 from fedrc_cli.common import console, fail, user_errors, writing
-from pipeline.errors import counted
+from pipeline.common.errors import counted
 
 
 def _cell(row: dict[str, Any], stem: str) -> str:
@@ -37,7 +37,9 @@ def report(
     with user_errors():
         if not 20 <= dpi <= 600:
             raise fail(f"--dpi: expected an integer in [20, 600], got {dpi}")
-        from pipeline.report import build_report  # torch: imported by the command that needs it
+        from pipeline.outputs.report import (
+            build_report,  # torch: imported by the command that needs it
+        )
 
         with writing("--out", out):
             rows, caveat = build_report(runs, out, dpi)

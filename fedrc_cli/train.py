@@ -21,8 +21,8 @@ from fedrc_cli.common import (
     writing,
 )
 from fedrc_cli.options import dataclass_options, with_options
+from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig, read_params
-from pipeline.errors import FedrcError
 
 SetOption = Annotated[
     list[str] | None,
@@ -60,7 +60,7 @@ def train(
             raise fail("--resume and --overwrite: choose one")
         check_names("--out", options.get("out") or TrainConfig().out)
         from fedrc_cli.progress import run_with_progress
-        from pipeline.resolve import train_config
+        from pipeline.run.resolve import train_config
         from pipeline.stages import train_stage
 
         config = resumed_config(options, set_ or [], params) if resume else None
@@ -87,8 +87,8 @@ def resumed_config(
 ) -> TrainConfig | None:
     """The configuration saved in --out, with what may change (./params.yaml is not read: a run
     resumes as it began). None when --out holds no run yet (the stage then explains)."""
-    from pipeline.resolve import resumed
-    from pipeline.run_files import CONFIG
+    from pipeline.run.files import CONFIG
+    from pipeline.run.resolve import resumed
     from pipeline.stages import run_config
 
     out = Path(options.get("out") or TrainConfig().out)
@@ -123,7 +123,7 @@ def describe(row: dict[str, Any]) -> str:
 
 def stopped_message(error: BaseException, config: TrainConfig, completed: int | None) -> str:
     """Where an interrupted run stopped, what its checkpoint holds, and how to go on."""
-    from pipeline.run_files import checkpoint_round
+    from pipeline.run.files import checkpoint_round
     from pipeline.stages import run_config
 
     name = "interrupted" if isinstance(error, KeyboardInterrupt) else "terminated (SIGTERM)"

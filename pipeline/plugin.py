@@ -37,12 +37,12 @@ from pipeline.algorithms.settings import (
 )
 from pipeline.algorithms.shared_body import SharedBody
 from pipeline.algorithms.table_noise import TableNoise
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import Settings, positive, require, setting
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask, Stage
-from pipeline.errors import FedrcError
 from pipeline.models import ModelSpec
-from pipeline.settings import Settings, positive, require, setting
 
 __all__ = [
     "AdamEStep",

@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.algorithms.base import Algorithm
-from pipeline.checks import require_finite
+from pipeline.common.checks import require_finite
+from pipeline.common.errors import FedrcError, first_few
+from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.run_lock import writer_lock
 from pipeline.config import (
     EvalConfig,
     PartitionConfig,
@@ -27,10 +29,7 @@ from pipeline.data.benchmark import foreign_files, write_benchmark
 from pipeline.data.loaders import load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
-from pipeline.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
-from pipeline.drift_scores import over_time
-from pipeline.errors import FedrcError, first_few
-from pipeline.evaluate import (
+from pipeline.evaluation.accuracy import (
     all_logits,
     concept_purity,
     finetuned_logits,
@@ -40,11 +39,12 @@ from pipeline.evaluate import (
     summarize,
     unlabeled_omega,
 )
-from pipeline.io import atomic_files, remove_leftovers
+from pipeline.evaluation.drift_scores import over_time
 from pipeline.models.layout import head_range
-from pipeline.resolve import from_values, recorded_identity, train_config
-from pipeline.run_lock import writer_lock
-from pipeline.training import make_executor, resolve_device, run_training
+from pipeline.run import files as rf
+from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
+from pipeline.run.resolve import from_values, recorded_identity, train_config
+from pipeline.run.training import make_executor, resolve_device, run_training
 
 __all__ = [
     "check_stage",
@@ -161,7 +161,7 @@ def _at(row: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 def eval_stage(config: EvalConfig) -> dict[str, Any]:
     """eval.json: accuracies at the best-train round and the last round, concept and label
-    purity; per client. The run folder is held while it is scored (`pipeline.run_lock`)."""
+    purity; per client. The run folder is held while it is scored (`pipeline.common.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc eval", create=False):
         remove_leftovers(Path(config.run), (EVAL, EVAL_CLIENTS))  # a killed eval's temporary files
         return _evaluate(config)
@@ -346,14 +346,14 @@ def _client_rows(data: FederatedData, table: torch.Tensor, omega: np.ndarray) ->
 
 
 def plot_stage(config: PlotConfig) -> list[Path]:
-    """plots/ in the run folder, which is held while it is drawn (`pipeline.run_lock`)."""
+    """plots/ in the run folder, which is held while it is drawn (`pipeline.common.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc plot", create=False):
         remove_leftovers(Path(config.run), [PLOTS])  # a killed plot's temporary folder
         return _plot(config)
 
 
 def _plot(config: PlotConfig) -> list[Path]:
-    from pipeline.plots import draw_all  # matplotlib is imported only when plotting
+    from pipeline.outputs.plots import draw_all  # matplotlib is imported only when plotting
 
     run = Path(config.run)
     train_config = run_config(run)

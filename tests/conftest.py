@@ -15,7 +15,7 @@ import torch
 
 from pipeline.algorithms import BUILT_IN
 from pipeline.config import PartitionConfig
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 # oneDNN picks its convolution kernels by the CPU's widest vector ISA, and AVX-512 kernels

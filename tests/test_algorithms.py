@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pipeline.algorithms import build_algorithm
+from pipeline.common.errors import FedrcError
 from pipeline.engine import LocalResult, LocalTask
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 
 
 def make(name: str, clients: int = 3, k: int = 2, classes: int = 3, **kw):

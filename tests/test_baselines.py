@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from pipeline.algorithms import build_algorithm
+from pipeline.common.errors import FedrcError
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config, train_config
+from pipeline.run.resolve import make_config, train_config
 
 
 def make(name: str, clients: int = 4, k: int = 2, classes: int = 3, **kw):

@@ -9,12 +9,12 @@ from conftest import ALGORITHMS, PROXIMAL, assert_metrics_close
 from torch import nn
 
 from pipeline.algorithms import ALGORITHMS as REGISTRY
+from pipeline.common.errors import FedrcError
 from pipeline.engine import BatchedExecutor, LocalTask, SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
-from pipeline.errors import FedrcError
 from pipeline.models import build_model
-from pipeline.resolve import make_config
-from pipeline.training import run_training
+from pipeline.run.resolve import make_config
+from pipeline.run.training import run_training
 
 SGD = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, batch_size=8, local_epochs=2)
 

@@ -2,7 +2,7 @@
 
 Concept shift only (IID labels, no corruption, three equally common concepts), so that the only
 way to fit every client is one model per concept. The purity is the Hungarian-matched share of
-ω-mass in each concept's own cluster (`pipeline.evaluate.concept_purity`).
+ω-mass in each concept's own cluster (`pipeline.evaluation.accuracy.concept_purity`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from pipeline.config import PartitionConfig
-from pipeline.evaluate import concept_purity
-from pipeline.resolve import make_config
-from pipeline.run_files import ASSIGNMENTS, METRICS, read_assignments, read_metrics
+from pipeline.evaluation.accuracy import concept_purity
+from pipeline.run.files import ASSIGNMENTS, METRICS, read_assignments, read_metrics
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 THIRDS = [1 / 3, 0.0, 1 / 3, 0.0, 1 / 3, 0.0]  # [clean, corrupted] per concept
@@ -89,8 +89,8 @@ def test_on_fashion_mnist_fedrc_clusters_concepts_where_fedem_does_not(tmp_path:
     """The default pipeline's setting (real FMNIST, label + feature + concept shift, 50 clients,
     20 rounds): FedRC's clusters follow the concepts more than FedEM's, and its global accuracy
     is higher. About 15 minutes on a 2-core CPU."""
+    from pipeline.common.errors import FedrcError
     from pipeline.data.loaders import load_dataset
-    from pipeline.errors import FedrcError
 
     try:
         load_dataset("fmnist", None)

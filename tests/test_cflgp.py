@@ -11,15 +11,15 @@ import torch
 from test_behaviour import concept_data, purity_by_round, train  # noqa: F401 (a fixture)
 from test_drift import DRIFTING, TRAIN
 
-from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.cflgp import match_labels
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
-from pipeline.drift_scores import omega_at
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.evaluation.drift_scores import omega_at
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 

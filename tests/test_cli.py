@@ -65,9 +65,10 @@ LAYERS = (
 
 def test_train_help_and_the_docs_give_one_rule_and_the_sections() -> None:
     """Where a value comes from, in the same words in `fedrc train --help`, the settings page
-    and pipeline.resolve; the help shows TrainConfig's sections as panels, the page as a table."""
-    from pipeline import resolve
+    and pipeline.run.resolve; the help shows TrainConfig's sections as panels, the page as a
+    table."""
     from pipeline.config import RESUMABLE, TrainConfig
+    from pipeline.run import resolve
 
     result = invoke("train", "--help")
     assert result.exit_code == 0

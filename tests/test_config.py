@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.algorithms import num_models
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig, TrainConfig, build_config, read_params
-from pipeline.errors import FedrcError
 from pipeline.models.settings import MLPSettings
-from pipeline.resolve import train_config
+from pipeline.run.resolve import train_config
 
 
 def build(cls, params, overrides=None):
-    """A stage's configuration as the CLI builds it (`fedrc train`'s through pipeline.resolve)."""
+    """A stage's configuration as the CLI builds it (`fedrc train`'s: pipeline.run.resolve)."""
     if cls is TrainConfig:
         return train_config(params, overrides)
     return build_config(cls, params, overrides)

@@ -16,14 +16,14 @@ import torch
 
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.client import per_sample_losses, sample_predictions
-from pipeline.clients import held_out_omega
+from pipeline.common.errors import FedrcWarning
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
-from pipeline.errors import FedrcWarning
-from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, MODEL, load_state
+from pipeline.run.clients import held_out_omega
+from pipeline.run.files import METRICS, MODEL, load_state
+from pipeline.run.resolve import make_config
+from pipeline.run.training import make_executor
 from pipeline.stages import partition_stage, train_stage
-from pipeline.training import make_executor
 
 PROBE = '''
 from dataclasses import dataclass
@@ -221,7 +221,7 @@ def test_an_algorithm_can_choose_the_most_accurate_model(plugin: None, name: str
     assert algo.omega[0].tolist() == [1.0, 0.0]
     algo.held_out_step(1, losses, LABELS, guesses)
     assert algo.omega[1].tolist() == [1.0, 0.0]
-    if algo.client_part:  # where a held-out client's data is (`pipeline.clients`)
+    if algo.client_part:  # where a held-out client's data is (`pipeline.run.clients`)
         assert held_out_omega(algo.client_step(1), LOGITS, LABELS).tolist() == [1.0, 0.0]
 
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.benchmark import build_clients, resolve_styles
 from pipeline.data.corruptions import (
@@ -12,7 +13,6 @@ from pipeline.data.corruptions import (
     suite_for,
 )
 from pipeline.data.loaders import RawDataset
-from pipeline.errors import FedrcError
 
 
 def _garments(n: int, side: int, rng: np.random.Generator) -> np.ndarray:

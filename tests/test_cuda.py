@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import ALGORITHMS, PROXIMAL, assert_metrics_close
 
-from pipeline import momentum as momentum_module
-from pipeline import run_files as rf
 from pipeline.algorithms import BUILT_IN
 from pipeline.config import TrainConfig
 from pipeline.engine import BatchedExecutor
 from pipeline.models import build_model
-from pipeline.resolve import make_config
+from pipeline.run import files as rf
+from pipeline.run import momentum as momentum_module
+from pipeline.run.resolve import make_config
 from pipeline.stages import train_stage
 
 pytestmark = [

@@ -21,12 +21,12 @@ import pytest
 import torch
 from conftest import assert_metrics_close
 
-from pipeline import distributed
-from pipeline.communicate import owners
 from pipeline.data.shards import load_federated
-from pipeline.resolve import train_config
-from pipeline.run_files import METRICS, MODEL, read_metrics
-from pipeline.training import run_training
+from pipeline.places import distributed
+from pipeline.places.communicate import owners
+from pipeline.run.files import METRICS, MODEL, read_metrics
+from pipeline.run.resolve import train_config
+from pipeline.run.training import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(

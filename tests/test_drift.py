@@ -14,16 +14,16 @@ import torch
 from conftest import ALGORITHMS, TINY_PARTITION, TINY_TRAIN, snapshot, torch_threads
 from test_cli import TINY, assert_one_line_error, invoke
 
-from pipeline import run_files as rf
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.concepts import parse_concepts
 from pipeline.data.drift import PRESETS, build_schedule, preset_schedule
 from pipeline.data.shards import load_federated
-from pipeline.drift_scores import omega_at, over_time, recovery
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.data.time_steps import ends_step, step_of, step_rounds
+from pipeline.evaluation.drift_scores import omega_at, over_time, recovery
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
-from pipeline.time_steps import ends_step, step_of, step_rounds
 
 # 12 clients, half of each of two concepts at step 0; at steps 1 and 2 a quarter of them flip
 # to the other concept (no label or feature shift, so the concepts are all that separates them)
@@ -202,7 +202,7 @@ def test_eval_scores_each_step(fedrc_run: Path) -> None:
 
 def test_report_has_the_over_time_table(fedrc_run: Path, tmp_path: Path) -> None:
     from pipeline.config import EvalConfig
-    from pipeline.report import build_report
+    from pipeline.outputs.report import build_report
 
     eval_stage(EvalConfig(run=str(fedrc_run)))
     rows, caveat = build_report([str(fedrc_run)], tmp_path / "report")
@@ -375,7 +375,7 @@ def test_over_time_on_a_hand_made_log() -> None:
 def test_the_drift_experiment_is_valid() -> None:
     """experiments/drift/params.yaml builds a valid benchmark and training configuration."""
     from pipeline.config import build_config, read_params
-    from pipeline.resolve import train_config
+    from pipeline.run.resolve import train_config
 
     params = read_params(Path(__file__).resolve().parents[1] / "experiments/drift/params.yaml")
     partition = build_config(PartitionConfig, params)

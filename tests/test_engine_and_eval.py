@@ -4,7 +4,12 @@ import torch
 from torch import nn
 
 from pipeline.engine import LocalTask, SequentialExecutor
-from pipeline.evaluate import concept_purity, label_purity, per_sample_losses, predictions
+from pipeline.evaluation.accuracy import (
+    concept_purity,
+    label_purity,
+    per_sample_losses,
+    predictions,
+)
 
 
 def executor(**kw) -> SequentialExecutor:

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from fedrc_cli.app import app
 from pipeline.algorithms import ALGORITHMS, build_algorithm
+from pipeline.common.settings import description
 from pipeline.engine import LocalResult
 from pipeline.models import MODELS
-from pipeline.resolve import make_config
-from pipeline.settings import description
+from pipeline.run.resolve import make_config
 
 if "flsc" not in ALGORITHMS.names():
     pytest.fail("the example plugin is not installed: run `bash .ci/setup`", pytrace=False)

@@ -18,10 +18,10 @@ import typer
 import yaml
 
 from fedrc_cli.app import app
-from pipeline import resolve
 from pipeline.algorithms import num_models
 from pipeline.config import TrainConfig, read_params
-from pipeline.resolve import SHARED
+from pipeline.run import resolve
+from pipeline.run.resolve import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = ROOT / "experiments" / "fmnist"

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from pipeline.algorithms.fedccfa import FedCCFA, dbscan, groups, label_keys, madd
-from pipeline.communicate import Communicator
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
+from pipeline.data.time_steps import step_of
 from pipeline.engine import LocalResult
 from pipeline.engine.task import PERSONAL
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.places.communicate import Communicator
+from pipeline.run.resolve import make_config
+from pipeline.run.training import build_run, train_round
 from pipeline.stages import partition_stage
-from pipeline.time_steps import step_of
-from pipeline.training import build_run, train_round
 
 R = 1 / math.sqrt(2)
 

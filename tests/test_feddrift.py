@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
-from pipeline.drift_scores import omega_at
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.evaluation.drift_scores import omega_at
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 N = 2  # samples per client in the hand-made cases

@@ -7,7 +7,7 @@ import pytest
 from conftest import EXPERIMENTS, TINY_TRAIN, load_script
 
 from pipeline.config import EvalConfig
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
 
 

@@ -15,11 +15,11 @@ from conftest import assert_one_line
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
-from pipeline import run_files as rf
 from pipeline import stages
 from pipeline.config import EvalConfig
-from pipeline.evaluate import all_logits, finetuned_logits
-from pipeline.report import build_report
+from pipeline.evaluation.accuracy import all_logits, finetuned_logits
+from pipeline.outputs.report import build_report
+from pipeline.run import files as rf
 from pipeline.stages import eval_stage
 
 runner = CliRunner()

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 from pipeline.flower.appconfig import Deployment, run_settings, train_config_from_json
 
 runner = CliRunner()

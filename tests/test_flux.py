@@ -25,13 +25,13 @@ from pipeline.algorithms.flux import (
     scale,
     unit_projection,
 )
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.evaluate import per_sample_losses
-from pipeline.resolve import make_config
-from pipeline.run_files import ASSIGNMENTS, MODEL, load_state, read_assignments
+from pipeline.evaluation.accuracy import per_sample_losses
+from pipeline.run.files import ASSIGNMENTS, MODEL, load_state, read_assignments
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, run_config, train_stage
 
 

@@ -77,7 +77,7 @@ def test_the_profile_runs_on_the_cpu(tiny_data: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "No device activity was recorded" in out
     assert "| client_parts |" in out and "| executor.train |" in out
-    assert "pipeline/training.py" in out  # the cProfile of one round
+    assert "pipeline/run/training.py" in out  # the cProfile of one round
 
 
 def test_a_training_is_stopped_when_its_next_save_cannot_be_written_in_time() -> None:
@@ -156,7 +156,7 @@ def test_how_many_trials_at_once() -> None:
 
 def test_a_damaged_state_is_one_line(tmp_path: Path) -> None:
     from benchmarks.gpu_results import STATE, State, read_state, write_state
-    from pipeline.errors import FedrcError
+    from pipeline.common.errors import FedrcError
 
     write_state(tmp_path, State(plan={"seeds": [0]}, budget_s=60.0, done=["cuda-tests"]))
     assert read_state(tmp_path).done == ["cuda-tests"]
@@ -192,7 +192,7 @@ def test_a_run_kept_without_its_model_still_reports(tiny_data: Path, tmp_path: P
     from benchmarks.gpu_results import keep_run
     from fedrc_cli.app import app
     from pipeline.config import EvalConfig
-    from pipeline.resolve import make_config
+    from pipeline.run.resolve import make_config
     from pipeline.stages import eval_stage, train_stage
 
     run = tmp_path / "full" / "fedrc-s0"

@@ -6,7 +6,7 @@ import torch
 from conftest import EXPERIMENTS, TINY_TRAIN, load_script
 
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 
 
 def test_zeroing_ifca_zeroes_only_the_models_nobody_chose() -> None:

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.describe import mean_pairwise_tv
 from pipeline.data.label_splits import LABEL_SPLITS, class_sets, split_labels
-from pipeline.errors import FedrcError
 
 LABELS = np.repeat(np.arange(10), 300)  # 3,000 samples, ten balanced classes
 

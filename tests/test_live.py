@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_TRAIN
 
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import train_stage
 
 pytest.importorskip("dvclive")

@@ -10,9 +10,9 @@ import torchvision.datasets
 import torchvision.datasets.utils
 from PIL import Image
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.loaders import load_dataset
 from pipeline.data.loaders.tiny_imagenet import load_tiny_imagenet
-from pipeline.errors import FedrcError
 
 RNG = np.random.default_rng(0)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.common.errors import FedrcError
 from pipeline.engine import LocalTask, SequentialExecutor
-from pipeline.errors import FedrcError
 from pipeline.models import TorchvisionSettings, build_model
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from fedrc_cli.app import app
 from pipeline.config import EvalConfig, PartitionConfig
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, train_stage
 
 pytestmark = pytest.mark.usefixtures("flower_installed")  # `flower app` writes as the others
@@ -164,7 +164,7 @@ def test_an_error_when_writing_is_one_line_and_leaves_outputs_alone(here, monkey
         refused("report", "r", "--out", "rep", culprits=("--out", "rep", reason))
         refused("flower", "app", "--data", "d", "--app", "a", culprits=("--app", "a", reason))
     with monkeypatch.context() as m:
-        import pipeline.plots as plots
+        import pipeline.outputs.plots as plots
 
         m.setattr(plots, "atomic_dir", raising(code))
         refused("plot", "--run", "r", culprits=("--run", "r/plots", reason))

@@ -15,12 +15,12 @@ from scipy.spatial.distance import squareform
 
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.pacfl import agglomerate, angles, subspace_bases
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
-from pipeline.run_files import MODEL, load_state
+from pipeline.run.files import MODEL, load_state
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 

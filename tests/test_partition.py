@@ -9,6 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data import shards
 from pipeline.data.benchmark import write_benchmark
@@ -20,7 +21,6 @@ from pipeline.data.loaders import RawDataset
 from pipeline.data.loaders.idx import DEBIAN_FMNIST, load_fmnist, read_idx
 from pipeline.data.records import Manifest, read_manifest
 from pipeline.data.shards import load_federated
-from pipeline.errors import FedrcError
 from pipeline.stages import partition_stage
 
 

@@ -11,10 +11,10 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
-from pipeline import run_files as rf
 from pipeline.config import PlotConfig
 from pipeline.data.records import read_manifest
-from pipeline.plots import class_rows, cluster_shares, final_omega
+from pipeline.outputs.plots import class_rows, cluster_shares, final_omega
+from pipeline.run import files as rf
 from pipeline.stages import plot_stage
 
 

@@ -16,14 +16,14 @@ from typer.testing import CliRunner
 
 from fedrc_cli.app import app
 from fedrc_cli.catalog import settings_table
-from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS
 from pipeline.algorithms import BUILT_IN as BUILT_IN_ALGORITHMS
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import description
 from pipeline.models import BUILT_IN as BUILT_IN_MODELS
 from pipeline.models import MODELS
-from pipeline.resolve import from_values, make_config, train_config
-from pipeline.settings import description
+from pipeline.run import files as rf
+from pipeline.run.resolve import from_values, make_config, train_config
 
 PLUGIN = '''
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.algorithms.fedem import FedEM
-from pipeline.settings import Settings, require
+from pipeline.common.settings import Settings, require
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from conftest import TINY_TRAIN, assert_one_line
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
-from pipeline import run_files as rf
 from pipeline.config import EvalConfig
 from pipeline.engine import BatchedExecutor, LocalTask, SequentialExecutor
 from pipeline.models import build_model
-from pipeline.resolve import make_config
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
 
 runner = CliRunner()

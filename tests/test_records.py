@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.records import (
     COVERED,
     MANIFEST,
@@ -17,7 +18,6 @@ from pipeline.data.records import (
     write_manifest,
 )
 from pipeline.data.shards import data_digest, load_federated
-from pipeline.errors import FedrcError
 
 # Written by fedrc before the records existed (format 2, the dict-based writer): synthetic data,
 # 4 participating clients in 2 label groups, concepts identity and pair_flip, seed 5.

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from fedrc_cli.app import app
 from pipeline.config import EvalConfig
-from pipeline.report import PAPER_TABLE1_FMNIST
-from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, read_metrics
+from pipeline.outputs.report import PAPER_TABLE1_FMNIST
+from pipeline.run.files import METRICS, read_metrics
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
 
 runner = CliRunner()
@@ -196,7 +196,7 @@ def test_the_table_fits_80_columns(runs_root: Path, tmp_path: Path) -> None:
     from rich.console import Console
 
     from fedrc_cli.report import summary_table
-    from pipeline.report import build_report
+    from pipeline.outputs.report import build_report
 
     rows, _ = build_report([str(runs_root)], tmp_path / "out")
     rows[0] = {**rows[0], "label": "FedRC-FT (hard)", "paper_local": 91.02, "paper_global": 62.37}
@@ -215,7 +215,7 @@ def test_a_hard_evaluated_ifca_keeps_its_paper_column_and_concept_map(
     """`fedrc eval --hard` is IFCA's own rule (one cluster's model a client), the one its paper
     reports: the row stays "IFCA" with Table 1's numbers and its concept map. FedRC scored hard
     is a variant: marked, no paper numbers, and its ω (the soft run's) is not drawn twice."""
-    from pipeline.report import concept_maps, find_manifest, group_runs, load_run
+    from pipeline.outputs.report import concept_maps, find_manifest, group_runs, load_run
 
     root = tmp_path / "runs"
     shutil.copytree(runs_root, root)

@@ -28,15 +28,15 @@ from conftest import assert_one_line, snapshot, working_copy
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
-from pipeline import run_files as rf
-from pipeline.checks import require_finite
+from pipeline.common.checks import require_finite
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_files
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
 from pipeline.data.records import content_hash, covered_records
-from pipeline.derived import model_digest, state_digest
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_files
 from pipeline.models import MODELS, build_model
-from pipeline.resolve import make_config
+from pipeline.run import files as rf
+from pipeline.run.derived import model_digest, state_digest
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -962,11 +962,11 @@ def test_the_model_check_leaves_no_trace() -> None:
 def test_cached_logits_are_checked_in_one_process_only(here: Path) -> None:
     """Under torchrun a place holds its own clients' rows: a checkpoint's cached logits (of
     every row, written by one process) are not used there, so their shape is not checked."""
-    from pipeline.checkpoints import expected_state
-    from pipeline.communicate import Communicator
     from pipeline.data.shards import load_federated
+    from pipeline.places.communicate import Communicator
+    from pipeline.run.checkpoints import expected_state
+    from pipeline.run.training import build_run
     from pipeline.stages import run_config
-    from pipeline.training import build_run
 
     data = load_federated(Path("d"))
     run = build_run(run_config(Path("r")), data, Communicator(torch.device("cpu")))
@@ -1011,8 +1011,8 @@ def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:
 
 
 def test_non_finite_evaluation_names_the_round(here: Path, monkeypatch) -> None:
-    import pipeline.clients as clients
-    import pipeline.training as training
+    import pipeline.run.clients as clients
+    import pipeline.run.training as training
 
     real, real_raw = training.evaluate_round, clients.all_logits
 
@@ -1077,7 +1077,7 @@ def test_disk_full_names_the_file_and_leaves_no_partial_output(here: Path, monke
 
 
 def test_out_of_gpu_memory_names_the_options(here: Path, monkeypatch) -> None:
-    import pipeline.training as training
+    import pipeline.run.training as training
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -1088,7 +1088,7 @@ def test_out_of_gpu_memory_names_the_options(here: Path, monkeypatch) -> None:
 
 
 def test_ctrl_c_says_where_it_stopped_and_how_to_resume(here: Path, monkeypatch) -> None:
-    import pipeline.training as training
+    import pipeline.run.training as training
 
     real = training.train_round
 

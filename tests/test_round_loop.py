@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import checkpoints, training
-from pipeline import momentum as momentum_module
-from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
-from pipeline.communicate import Communicator
+from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.shards import load_federated
 from pipeline.engine.rows import BLOCK, RowStore
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
+from pipeline.places.communicate import Communicator
+from pipeline.run import checkpoints, training
+from pipeline.run import files as rf
+from pipeline.run import momentum as momentum_module
+from pipeline.run.resolve import make_config
 from pipeline.stages import train_stage
 
 CPU = torch.device("cpu")

@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 
 import fedrc_cli.common as common
 from fedrc_cli.app import app
-from pipeline import run_files as rf
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_dir
 from pipeline.config import EvalConfig, PartitionConfig, PlotConfig
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_dir
-from pipeline.resolve import make_config
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, partition_stage, plot_stage, train_stage
 
 runner = CliRunner()
@@ -79,7 +79,7 @@ def run_files(root: Path) -> dict[str, str]:
 def test_a_failed_extension_leaves_the_finished_run_whole(here: Path, monkeypatch) -> None:
     """`--resume --rounds 3` on a finished 2-round run, stopped in round 3: config.json, model.pt,
     metrics.jsonl and the rest are byte for byte as they were; the message says how to go on."""
-    import pipeline.training as training
+    import pipeline.run.training as training
 
     real = training.train_round
 
@@ -166,7 +166,7 @@ def test_a_run_terminated_before_its_first_checkpoint_says_how_to_go_on(
     here: Path, monkeypatch
 ) -> None:
     """The message says what the code does: the same command again starts the run over."""
-    import pipeline.training as training
+    import pipeline.run.training as training
 
     real = training.train_round
 
@@ -334,7 +334,7 @@ def test_a_warm_up_as_long_as_the_run_is_a_one_line_warning(here: Path) -> None:
 def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, clusters) -> None:
     """K models that cannot fit are refused before any is built: 100,000 would fail in torch's
     allocator, 5,000 would grow until the system kills the process (here: 4 GiB free)."""
-    import pipeline.run_setup as run_setup
+    import pipeline.run.setup as run_setup
 
     monkeypatch.setattr(run_setup, "available_memory", lambda device: 4 * 2**30)
     before = snapshot(here)
@@ -344,7 +344,7 @@ def test_more_models_than_memory_holds_are_refused_up_front(here, monkeypatch, c
 
 
 def test_running_out_of_memory_is_one_line(here: Path, monkeypatch) -> None:
-    import pipeline.run_setup as run_setup
+    import pipeline.run.setup as run_setup
 
     def refused_allocation(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8")

@@ -16,13 +16,13 @@ import pytest
 from conftest import snapshot, working_copy
 from typer.testing import CliRunner
 
-import pipeline.run_lock as run_lock
+import pipeline.common.run_lock as run_lock
 from fedrc_cli.app import app
-from pipeline import run_files as rf
+from pipeline.common.errors import FedrcError
+from pipeline.common.run_lock import LOCK, writer_lock
 from pipeline.config import PartitionConfig
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
-from pipeline.run_lock import LOCK, writer_lock
+from pipeline.run import files as rf
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def env() -> dict[str, str]:
 
 HOLD = """
 import sys
-from pipeline.run_lock import writer_lock
+from pipeline.common.run_lock import writer_lock
 with writer_lock(sys.argv[1], "--out", sys.argv[2], beside=sys.argv[3] == "beside"):
     print("held", flush=True)
     sys.stdin.read()  # until the test closes stdin (or kills this process)
@@ -298,7 +298,7 @@ def test_a_rank_leaving_with_the_agreed_error_keeps_its_exit_code_under_sigterm(
     above: rank 0 slower to exit than rank 1 reported 143 or 1 in place of 2)."""
     script = (
         "import os, signal, sys\n"
-        "from pipeline.distributed import leaving_with_error\n"
+        "from pipeline.places.distributed import leaving_with_error\n"
         "leaving_with_error()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "sys.exit(2)\n"

@@ -11,14 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import run_setup, training
+from pipeline.common.errors import FedrcError
 from pipeline.data.shards import load_federated
 from pipeline.engine import LocalTask, SequentialExecutor
 from pipeline.engine.sequential import alignment, as_input, balanced_rows
 from pipeline.engine.task import Stage
-from pipeline.errors import FedrcError
 from pipeline.models.layout import head_range
-from pipeline.resolve import make_config
+from pipeline.run import setup as run_setup
+from pipeline.run import training
+from pipeline.run.resolve import make_config
 
 SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-5, batch_size=8, local_epochs=2, drop_last=False)
 

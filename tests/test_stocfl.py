@@ -23,10 +23,10 @@ import torch
 from test_behaviour import concept_data, purity_by_round, train  # noqa: F401 (a fixture)
 
 from pipeline.algorithms import build_algorithm
+from pipeline.common.errors import FedrcError
 from pipeline.engine import LocalResult
-from pipeline.errors import FedrcError
-from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, read_metrics
+from pipeline.run.files import METRICS, read_metrics
+from pipeline.run.resolve import make_config
 
 ANCHOR = [1.0, 1.0]
 OBSERVED = {0: [0.0, 1.0], 1: [0.0, 0.0], 2: [1.0, 0.0], 3: [2.0, 1.0]}

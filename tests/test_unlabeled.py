@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from fedrc_cli.app import app
 from pipeline.algorithms import build_algorithm
 from pipeline.config import EvalConfig
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
 
 

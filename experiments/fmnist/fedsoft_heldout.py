@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline import run_files as rf
 from pipeline.data.shards import load_federated
-from pipeline.evaluate import all_logits, per_sample_losses
+from pipeline.evaluation.accuracy import all_logits, per_sample_losses
+from pipeline.run import files as rf
+from pipeline.run.training import make_executor
 from pipeline.stages import run_config
-from pipeline.training import make_executor
 
 
 def held_out_scores(run: Path) -> list[tuple[str, list[float], int]]:

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from pipeline.algorithms.ifca import IFCA
-from pipeline.communicate import Communicator
 from pipeline.config import TrainConfig
 from pipeline.data.shards import load_federated
-from pipeline.evaluate import evaluate_round
-from pipeline.training import build_run, train_round
+from pipeline.evaluation.accuracy import evaluate_round
+from pipeline.places.communicate import Communicator
+from pipeline.run.training import build_run, train_round
 
 
 class ZeroingIFCA(IFCA):

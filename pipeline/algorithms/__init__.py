@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.algorithms import settings as own
+from pipeline.common.registry import Registry
+from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
-from pipeline.plugins import Registry
-from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from pipeline.algorithms.base import Algorithm

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.algorithms.client import Memory
 from pipeline.algorithms.settings import EStepSettings
-from pipeline.settings import Settings
+from pipeline.common.settings import Settings
 
 
 @dataclass

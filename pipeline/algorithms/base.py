@@ -1,4 +1,4 @@
-"""The contract every algorithm fulfils; the round loop in `pipeline.training` calls these verbs.
+"""The contract every algorithm fulfils; the round loop (`pipeline.run.training`) calls its verbs.
 
 A subclass implements `assign` and overrides only the verbs its paper changes; docs/plugins.md
 lists every verb with when it is called and what it must not do.
@@ -75,10 +75,10 @@ from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, s
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
+from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings
 
 
 class Algorithm(ABC):

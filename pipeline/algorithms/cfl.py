@@ -38,9 +38,9 @@ from pipeline.algorithms.client import (
     one_hot,
 )
 from pipeline.algorithms.settings import CFLSettings
+from pipeline.common.settings import Settings
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.settings import Settings
 
 
 def bipartition(gram: torch.Tensor) -> np.ndarray:

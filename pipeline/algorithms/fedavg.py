@@ -9,7 +9,7 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, mean_omega
-from pipeline.settings import Settings
+from pipeline.common.settings import Settings
 
 
 @dataclass

@@ -44,11 +44,11 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.settings import FedCCFASettings
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import Settings
 from pipeline.data.concepts import parse_concept
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask, Stage
-from pipeline.errors import FedrcError
-from pipeline.settings import Settings
 
 
 def madd(v: torch.Tensor) -> torch.Tensor:

@@ -49,9 +49,9 @@ from torch import nn
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
 from pipeline.algorithms.settings import FLUXSettings
+from pipeline.common.errors import FedrcError
 from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.errors import FedrcError
 from pipeline.models import build_model
 
 WARMUP, CLUSTER, CLUSTERED, RECLUSTER = 0, 1, 2, 3  # `phase`

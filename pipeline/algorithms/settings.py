@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.settings import Settings, positive, require, setting
+from pipeline.common.settings import Settings, positive, require, setting
 
 ESTEPS = ("em", "adam")
 LINKAGES = ("average", "complete", "single")  # the authors' 'average', 'maximum', 'minimum'

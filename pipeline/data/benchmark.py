@@ -25,18 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import PartitionConfig, config_dict
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_dir
+from pipeline.common.settings import config_dict
 from pipeline.data.client_mix import client_types, mix_groups
 from pipeline.data.concepts import Concept, parse_concepts
 from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
+from pipeline.data.partition_config import PartitionConfig
 from pipeline.data.records import MANIFEST, ClientRecord, Manifest, MixGroup, write_manifest
 from pipeline.data.sampling import balanced_subset, train_test_split
 from pipeline.data.shards import SHARDS, ClientData, write_shards
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_dir
 
 
 def resolve_styles(config: PartitionConfig, channels: int) -> list[str]:

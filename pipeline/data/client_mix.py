@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.sampling import largest_remainder
-from pipeline.errors import FedrcError
 
 MIXES = ("paper", "reference", "imbalanced", "custom")
 Group = tuple[int, bool, float]  # (concept index, corrupted, share of clients)

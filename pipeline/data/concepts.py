@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 KINDS = ("identity", "reverse", "shift", "permutation", "pair_flip", "symmetric", "swap", "native")
 Parameter = float | int | tuple[int, int] | None

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 KEY = "partition.drift"
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import LABEL_SPLITS as LABEL_SPLITS  # the names, kept with the settings
-from pipeline.config import PartitionConfig
+from pipeline.common.errors import FedrcError
+from pipeline.data.partition_config import LABEL_SPLITS as LABEL_SPLITS  # kept with the settings
+from pipeline.data.partition_config import PartitionConfig
 from pipeline.data.sampling import largest_remainder
-from pipeline.errors import FedrcError
 
 MAX_DRAWS = 100
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.records import ClientRecord, StepRecord
-from pipeline.errors import FedrcError
 
 
 def checked_labels(

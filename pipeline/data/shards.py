@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import naming, read_parquet
 from pipeline.data.records import ClientRecord, Manifest, StepRecord, read_manifest
 from pipeline.data.shard_checks import check_rows, checked_labels
-from pipeline.errors import FedrcError
-from pipeline.io import naming, read_parquet
 
 SHARDS = "shards"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.algorithms import ALGORITHMS
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_file
 from pipeline.config import TrainConfig, config_dict
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_file
 
 ON_NODE_LOSS = ("continue", "stop")
 
@@ -82,7 +82,7 @@ def run_settings(values: Mapping[str, Any]) -> tuple[Deployment, bool, bool]:
 
 
 def train_config_from_json(text: str) -> TrainConfig:
-    from pipeline.resolve import from_values  # torch, which `fedrc flower app --help` skips
+    from pipeline.run.resolve import from_values  # torch, which `fedrc flower app --help` skips
 
     try:
         values = json.loads(text)

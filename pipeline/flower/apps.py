@@ -17,7 +17,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 from pipeline.flower import node, wire
 from pipeline.flower.appconfig import run_settings, train_config_from_json
 from pipeline.flower.server import serve

@@ -6,7 +6,7 @@ position in the whole benchmark (`wire.global_layout`); the node maps them onto 
 loaded.
 
 For an algorithm with a client part (`Algorithm.client_part`) the node runs each of its clients'
-E-steps (`ClientStep.run`), local trainings and evaluation (`pipeline.clients`, the code every
+E-steps (`ClientStep.run`), local trainings and evaluation (`pipeline.run.clients`, the code every
 place runs) and sends up only the step's upload, the trained models and per-client counts; a
 client's memory between E-steps stays in the node's Flower state (`Context.state`). For any
 other algorithm it answers logits and local trainings, and sends its clients' labels once, in
@@ -24,15 +24,15 @@ from flwr.app import RecordDict
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import Memory, client_accuracy
-from pipeline.clients import ClientWork, client_jobs, held_out_omega
+from pipeline.common.errors import FedrcError
 from pipeline.data.shards import load_federated, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
-from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import train_config_from_json
 from pipeline.models.layout import head_range
-from pipeline.training import make_executor, resolve_device
+from pipeline.run.clients import ClientWork, client_jobs, held_out_omega
+from pipeline.run.training import make_executor, resolve_device
 
 
 def parse_clients(value: str, total: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The fedrc server on Flower: fedrc's round loop, with the clients' samples on SuperNodes.
 
-The ServerApp runs `pipeline.training.train_run` unchanged. Two things differ from one process:
+The ServerApp runs `pipeline.run.training.train_run` unchanged. Two things differ from one process:
 
 - its `FederatedData` holds global row ids where images would be (`server_data`): labels and
   the benchmark's layout come from the manifest and the nodes' hellos, pixels never leave a node;
@@ -31,21 +31,21 @@ from flwr.app import Message, RecordDict
 
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.base import Algorithm
-from pipeline.clients import ClientWork, LocalClients, receive_held_out, score_tables
-from pipeline.communicate import Communicator
+from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.records import Manifest
 from pipeline.data.shards import FederatedData, client_spans, over_steps, read_manifest
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
 from pipeline.models import build_model
-from pipeline.run_files import checkpoint_round
-from pipeline.run_setup import sgd_options
-from pipeline.training import train_run
+from pipeline.places.communicate import Communicator
+from pipeline.run.clients import ClientWork, LocalClients, receive_held_out, score_tables
+from pipeline.run.files import checkpoint_round
+from pipeline.run.setup import sgd_options
+from pipeline.run.training import train_run
 
 log = logging.getLogger("fedrc.flower")
 WINDOW = 2  # requests in flight per node: one being worked on, one waiting in the SuperLink

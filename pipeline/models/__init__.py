@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
+from pipeline.common.registry import Registry
+from pipeline.common.settings import Settings
 from pipeline.models.settings import MLPSettings, TorchvisionSettings
-from pipeline.plugins import Registry
-from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from torch import nn

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.settings import Settings, require, setting
+from pipeline.common.settings import Settings, require, setting
 
 NORMS = ("batch", "group")
 

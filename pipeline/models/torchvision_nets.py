@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 
 def group_norm(channels: int) -> nn.GroupNorm:

@@ -11,9 +11,9 @@ import torch
 from conftest import assert_metrics_close, torch_threads
 
 from pipeline.config import TrainConfig, config_dict
-from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, MODEL, read_metrics
-from pipeline.training import run_training
+from pipeline.run.files import METRICS, MODEL, read_metrics
+from pipeline.run.resolve import make_config
+from pipeline.run.training import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(

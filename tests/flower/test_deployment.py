@@ -18,7 +18,7 @@ pytest.importorskip("flwr")
 from flower_runs import assert_same_run, fedrc, flower_config, node_configs, reference, write_app
 
 from pipeline.flower.local import LocalDeployment
-from pipeline.run_files import METRICS, read_metrics
+from pipeline.run.files import METRICS, read_metrics
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ from flower_runs import assert_same_run, flower_config, node_configs, reference,
 from local_grid import LocalGrid
 
 from pipeline.algorithms import BUILT_IN, num_models
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import read_manifest
-from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
 from pipeline.flower.server import serve
-from pipeline.resolve import make_config
+from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage
 
 

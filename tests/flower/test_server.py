@@ -18,15 +18,15 @@ from flower_runs import assert_same_run, flower_config, node_configs, reference,
 from flwr.app import RecordDict
 from local_grid import LocalGrid
 
+from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import read_manifest
-from pipeline.errors import FedrcError
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment
 from pipeline.flower.server import NodeLost, Nodes, serve
-from pipeline.run_files import METRICS, checkpoint_round, read_metrics
+from pipeline.run.files import METRICS, checkpoint_round, read_metrics
+from pipeline.run.training import sample_clients
 from pipeline.stages import partition_stage
-from pipeline.training import sample_clients
 
 FAST = Deployment(wait=5, timeout=30)
 

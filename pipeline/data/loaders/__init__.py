@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.common.errors import FedrcError
+from pipeline.common.registry import Registry
 from pipeline.data.loaders.cifar import load_cifar
 from pipeline.data.loaders.folder import load_folder
 from pipeline.data.loaders.idx import load_idx_dataset
@@ -17,8 +19,6 @@ from pipeline.data.loaders.spec import DatasetSpec
 from pipeline.data.loaders.streams import load_stream
 from pipeline.data.loaders.synthetic import make_synthetic
 from pipeline.data.loaders.tiny_imagenet import load_tiny_imagenet
-from pipeline.errors import FedrcError
-from pipeline.plugins import Registry
 
 __all__ = ["DATASETS", "DatasetSpec", "RawDataset", "load_dataset"]
 

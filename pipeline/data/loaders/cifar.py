@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
-from pipeline.errors import FedrcError
 
 TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
 

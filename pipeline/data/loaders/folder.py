@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.loaders.raw import RawDataset
-from pipeline.errors import FedrcError
 
 TEST_EVERY = 5  # without train/ and test/: every fifth image of a class is a test image
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")

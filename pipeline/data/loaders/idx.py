@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
-from pipeline.errors import FedrcError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 IDX_FILES = {

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from pipeline.common.errors import FedrcError
 from pipeline.data.loaders.raw import RawDataset, cleanup_on_failure, download_root
-from pipeline.errors import FedrcError
 
 FOLDER = "tiny-imagenet-200"
 URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"

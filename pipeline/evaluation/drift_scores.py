@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.data.records import Manifest
-from pipeline.evaluate import concept_purity
-from pipeline.time_steps import step_rounds
+from pipeline.data.time_steps import step_rounds
+from pipeline.evaluation.accuracy import concept_purity
 
 RECOVERY_MARGIN = 0.01  # accuracy, not points: within 1 point of the pre-drift accuracy
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import run_files as rf
+from pipeline.common.io import write_json
 from pipeline.config import config_dict
-from pipeline.derived import remove_derived
-from pipeline.io import write_json
-from pipeline.live import round_logger
-from pipeline.run_setup import Progress, Run
-from pipeline.time_steps import step_of
+from pipeline.data.time_steps import step_of
+from pipeline.run import files as rf
+from pipeline.run.derived import remove_derived
+from pipeline.run.live import round_logger
+from pipeline.run.setup import Progress, Run
 
 
 class RunLog:

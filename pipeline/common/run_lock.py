@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 try:
     import fcntl

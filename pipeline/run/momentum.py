@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.communicate import Communicator
+from pipeline.common.errors import FedrcError
 from pipeline.engine.task import LocalResult, LocalTask
-from pipeline.errors import FedrcError
+from pipeline.places.communicate import Communicator
 
 GB = 1e9
 LIVE_FILE = ".momentum-rank{rank}.npy"  # a place's buffers while it trains, in the run folder

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 
 @dataclass(frozen=True)

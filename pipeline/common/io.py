@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 
 @contextmanager
@@ -60,7 +60,8 @@ def leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) 
 
 def remove_leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) -> None:
     """Remove `leftovers(folder, names, patterns)`; call it only while holding the folder's
-    writer lock (`pipeline.run_lock`), so that no live write's temporary path is among them."""
+    writer lock (`pipeline.common.run_lock`), so that no live write's temporary path is among
+    them."""
     for path in leftovers(folder, names, patterns):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -1,5 +1,5 @@
 """What torchrun's environment says about this process, read without importing torch: the CLI
-needs the rank before any command runs (only rank 0 prints), and `pipeline.distributed` the
+needs the rank before any command runs (only rank 0 prints), and `pipeline.places.distributed` the
 rest."""
 
 from __future__ import annotations

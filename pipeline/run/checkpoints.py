@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import run_files as rf
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.state import uncovered
+from pipeline.common.errors import FedrcError, FedrcWarning
 from pipeline.config import TrainConfig
-from pipeline.errors import FedrcError, FedrcWarning
-from pipeline.resolve import recorded_identity
-from pipeline.run_setup import Progress, Run
+from pipeline.run import files as rf
+from pipeline.run.resolve import recorded_identity
+from pipeline.run.setup import Progress, Run
 
 CHECKPOINT_BUDGET = 512 * 2**20  # bytes a checkpoint may write per round when not told how often
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from pipeline import run_files as rf
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_file
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_file
+from pipeline.run import files as rf
 
 EVAL = "eval.json"
 EVAL_CLIENTS = "eval_clients.json"

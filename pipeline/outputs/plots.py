@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from matplotlib.ticker import MaxNLocator
 
+from pipeline.common.io import atomic_dir, naming
 from pipeline.data.records import Manifest
-from pipeline.io import atomic_dir, naming
-from pipeline.plots_time import draw_timeline, mark_drifts
+from pipeline.outputs.plots_time import draw_timeline, mark_drifts
 
 SHARE = "share of the row's training samples in cluster k"  # the cluster maps' colour bar
 

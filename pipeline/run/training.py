@@ -1,10 +1,10 @@
 """The federated round loop (FedRC paper, Algorithm 1), written once for every algorithm and
-every place it runs: one process, or torchrun's ranks (`pipeline.communicate`).
+every place it runs: one process, or torchrun's ranks (`pipeline.places.communicate`).
 
 sample clients → E-step with the received models → γ-weighted local training of the K models,
 each result folded into the algorithm's running sums and dropped → sums combined over places →
 server aggregation → server bookkeeping (FedRC's C_{y,k}) → evaluate → log and checkpoint.
-On a drifting benchmark each round trains on its time step's data (`pipeline.time_steps`); the
+On a drifting benchmark each round trains on its time step's data (`pipeline.data.time_steps`); the
 last round of a step is also scored on the next step's data, before any round has seen it.
 A round holds K × model of sums and one chunk of local trainings, whatever the number of
 clients.
@@ -25,24 +25,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import distributed
 from pipeline.algorithms.client import ClientStep, Memory, Upload, sample_predictions
 from pipeline.algorithms.settings import CAMSettings
-from pipeline.checkpoints import Checkpoints, checkpoint_interval, resume_run
-from pipeline.checks import require_finite
-from pipeline.clients import ClientWork, LocalClients
-from pipeline.communicate import Communicator
+from pipeline.common.checks import require_finite
+from pipeline.common.errors import FedrcError, FedrcWarning, counted
+from pipeline.common.run_lock import writer_lock
 from pipeline.config import TrainConfig
 from pipeline.data.drift import drifted
 from pipeline.data.shards import FederatedData, data_digest
+from pipeline.data.time_steps import ends_step, step_of
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.errors import FedrcError, FedrcWarning, counted
-from pipeline.evaluate import evaluate_round, per_sample_losses
-from pipeline.run_folder import open_run_dir
-from pipeline.run_lock import writer_lock
-from pipeline.run_log import RunLog
-from pipeline.run_setup import (
+from pipeline.evaluation.accuracy import evaluate_round, per_sample_losses
+from pipeline.places import distributed
+from pipeline.places.communicate import Communicator
+from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_run
+from pipeline.run.clients import ClientWork, LocalClients
+from pipeline.run.folder import open_run_dir
+from pipeline.run.log import RunLog
+from pipeline.run.setup import (
     ClientsFactory,
     ExecutorFactory,
     Progress,
@@ -51,7 +52,6 @@ from pipeline.run_setup import (
     load_data,
     make_executor,
 )
-from pipeline.time_steps import ends_step, step_of
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -388,7 +388,7 @@ def train_run(
     client parts that ask the nodes).
 
     The main place, which writes the run's files, holds the run folder's lock throughout: a
-    second writer is refused on every place (`pipeline.run_lock`)."""
+    second writer is refused on every place (`pipeline.common.run_lock`)."""
     with ExitStack() as held:
 
         def lock() -> None:

@@ -14,10 +14,10 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 S = TypeVar("S")
 
@@ -102,3 +102,18 @@ def build_settings(cls: type[S], values: dict[str, Any], where: str) -> S:
     except FedrcError as e:
         raise FedrcError(f"{where}.{e}") from None
     return settings
+
+
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds; a negative one is refused by numpy
+SEEDS = "an integer in [0, 2**32-1]"
+
+
+def option(default: Any, help: str, default_factory: Any = None) -> Any:
+    """A field with the help text `fedrc <stage> --help` shows for its option."""
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -16,14 +16,14 @@ import shutil
 import warnings
 from pathlib import Path
 
-from pipeline import run_files as rf
+from pipeline.common.errors import FedrcError, FedrcWarning, first_few
+from pipeline.common.io import remove_leftovers
+from pipeline.common.run_lock import LOCK
 from pipeline.data.records import MANIFEST
-from pipeline.derived import DERIVED, remove_derived
-from pipeline.errors import FedrcError, FedrcWarning, first_few
-from pipeline.io import remove_leftovers
-from pipeline.live import FOLDER as LIVE_FOLDER
-from pipeline.momentum import LIVE_FILE
-from pipeline.run_lock import LOCK
+from pipeline.run import files as rf
+from pipeline.run.derived import DERIVED, remove_derived
+from pipeline.run.live import FOLDER as LIVE_FOLDER
+from pipeline.run.momentum import LIVE_FILE
 
 TOOLS = (LIVE_FOLDER, ".gitignore", LOCK)  # DVCLive's folder, DVC's list of its outputs, the lock
 MOMENTUM_LIVE = LIVE_FILE.format(rank="*")  # a killed run's live momentum buffers

@@ -17,20 +17,20 @@ import torch
 
 from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
-from pipeline.clients import LocalClients
-from pipeline.communicate import Communicator
+from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
-from pipeline.errors import FedrcError
 from pipeline.models import build_model
 from pipeline.models.layout import head_range
-from pipeline.momentum import MomentumStore
+from pipeline.places.communicate import Communicator
+from pipeline.run.clients import LocalClients
+from pipeline.run.momentum import MomentumStore
 
 # builds a run's executor from its config and data: `make_executor` runs on this process's
 # device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
 ExecutorFactory = Callable[[TrainConfig, FederatedData, torch.device], SequentialExecutor]
-# where the client parts of an algorithm run (`pipeline.clients`): here, or on Flower's nodes
+# where the client parts of an algorithm run (`pipeline.run.clients`): here, or on Flower's nodes
 ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 

@@ -28,17 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import run_files as rf
 from pipeline.algorithms import ALGORITHMS, num_models
 from pipeline.algorithms.base import HardClustering
+from pipeline.common.errors import FedrcError, counted
+from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.run_lock import writer_lock
 from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
-from pipeline.derived import check_made_from
-from pipeline.errors import FedrcError, counted
-from pipeline.io import atomic_files, remove_leftovers
-from pipeline.resolve import from_values
-from pipeline.run_lock import writer_lock
+from pipeline.run import files as rf
+from pipeline.run.derived import check_made_from
+from pipeline.run.resolve import from_values
 
 # The paper's published numbers: Guo et al., "Tackling Diverse Distribution Shifts Challenge in
 # Federated Learning by Robust Clustering" (FedRC), ICML 2024, Table 1, FashionMNIST (CNN)
@@ -501,7 +501,7 @@ def concept_maps(groups: list[Group], manifest: Manifest) -> list[tuple[str, Any
     """(title, (concepts with their client counts, shares)) for each of `drawn_groups`, in the
     report's order: its lowest-seed run, ω at its last evaluated round (Figure 3's concept row).
     Clusters are not aligned across seeds, so one run is drawn rather than an average."""
-    from pipeline.plots import cluster_shares, final_omega, with_counts
+    from pipeline.outputs.plots import cluster_shares, final_omega, with_counts
 
     maps = []
     for group in drawn_groups(groups):
@@ -612,7 +612,7 @@ def draw(path: Path, rows: list[dict[str, Any]], maps: list[tuple[str, Any]], dp
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.plots import SHARE, _heatmap
+    from pipeline.outputs.plots import SHARE, _heatmap
 
     columns = max(len(maps), 1)
     layout = [[f"map{i}" for i in range(columns)], ["bars"] * columns] if maps else [["bars"]]

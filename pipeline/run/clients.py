@@ -27,11 +27,11 @@ from pipeline.algorithms.client import (
     client_accuracy,
     per_sample_losses,
 )
-from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.evaluate import all_logits, kept_logits, summarize
+from pipeline.evaluation.accuracy import all_logits, kept_logits, summarize
+from pipeline.places.communicate import Communicator
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import FedrcError
+from pipeline.common.errors import FedrcError
 
 
 def non_finite_keys(values: Any, prefix: str = "") -> list[str]:

@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.common.errors import FedrcError
+from pipeline.common.io import atomic_file, naming, read_parquet
 from pipeline.data.records import ClientRecord
-from pipeline.errors import FedrcError
-from pipeline.io import atomic_file, naming, read_parquet
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"

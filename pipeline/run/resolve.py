@@ -22,8 +22,10 @@ from typing import Any
 
 import yaml
 
-from pipeline import strict_yaml
 from pipeline.algorithms import ALGORITHMS, BUILT_IN
+from pipeline.common import strict_yaml
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import build_settings, coerce, field_types, require
 from pipeline.config import (
     PROFILES,
     RESUMABLE,
@@ -32,10 +34,8 @@ from pipeline.config import (
     refuse_non_finite,
     section,
 )
-from pipeline.errors import FedrcError
 from pipeline.models import BUILT_IN as BUILT_IN_MODELS
 from pipeline.models import MODELS
-from pipeline.settings import build_settings, coerce, field_types, require
 
 SHARED = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "settings")
 DEFAULTS = TrainConfig()

@@ -15,8 +15,8 @@ import pyarrow as pa
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.patches import Patch
 
+from pipeline.common.io import naming
 from pipeline.data.records import Manifest
-from pipeline.io import naming
 
 
 def timeline(assignments: pa.Table) -> tuple[list[int], np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """Where a run's clients live and how what they contribute is combined across places.
 
-The round loop (`pipeline.training`) is written once against this interface. A *place* holds
+The round loop (`pipeline.run.training`) is written once against this interface. A *place* holds
 some of the clients: in one process there is one place holding all of them and every method
-here is trivial; under torchrun each rank is a place (`pipeline.distributed.Group`), and the
+here is trivial; under torchrun each rank is a place (`pipeline.places.distributed.Group`), and the
 same calls become all-reduces and all-gathers. What is combined is always one of three kinds:
 
 - sums: an algorithm's running aggregates (`Algorithm.contributions`), added across places;

@@ -3,7 +3,7 @@
 `torchrun` starts one process per GPU (or per CPU worker) and sets WORLD_SIZE, RANK and
 LOCAL_RANK; `Group.start` reads them and joins the process group: NCCL when the ranks train on
 CUDA (rank r on `cuda:LOCAL_RANK`), gloo on the CPU. Without torchrun (no WORLD_SIZE, or 1)
-the round loop runs with the trivial `pipeline.communicate.Communicator`.
+the round loop runs with the trivial `pipeline.places.communicate.Communicator`.
 
 `Group` is the `Communicator` of a torchrun job: the same round loop, with sums all-reduced and
 per-client rows all-gathered. It counts the bytes each collective moves (`traffic`), so a
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from pipeline.communicate import Communicator, owners
+from pipeline.common.errors import FedrcError
 from pipeline.engine.rows import RowStore
-from pipeline.errors import FedrcError
-from pipeline.launch import env_rank, launched, leaving_with_error, world_size
+from pipeline.places.communicate import Communicator, owners
+from pipeline.places.launch import env_rank, launched, leaving_with_error, world_size
 
 T = TypeVar("T")
 TIMEOUT = timedelta(minutes=30)  # a rank waits this long for the others in one collective

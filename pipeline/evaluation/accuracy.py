@@ -16,9 +16,9 @@ from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import per_sample_losses, predictions, sample_predictions
-from pipeline.communicate import Communicator
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
+from pipeline.places.communicate import Communicator
 
 
 def all_logits(

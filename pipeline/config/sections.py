@@ -1,0 +1,231 @@
+"""The `train:`, `eval:` and `plot:` sections of params.yaml, one typed dataclass each,
+validated where it is defined (`partition:` is the data's: `pipeline.data.partition_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pipeline.common.errors import FedrcError
+from pipeline.common.settings import SEED_MAX, SEEDS, option
+from pipeline.common.settings import require as _require
+
+DEVICES = ("auto", "cpu", "cuda")
+EXECUTORS = ("auto", "batched", "sequential")  # auto: sequential on a CPU, batched on CUDA
+PRECISIONS = ("fp32", "bf16")
+# Where the authors' code departs from the paper (protocol §1): `profile: reference` turns these on
+# (and an algorithm's `Settings.profiles` its own); keys given explicitly still win.
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "reference": {
+        "weight_decay": 5e-4,
+        "drop_last": True,
+        "persistent_momentum": True,
+    },
+}
+
+
+# Options that do not change the numbers: a resumed run may change them (`resolve.resumed`), and
+# a checkpoint's identity leaves them out (`TrainConfig.identity`).
+RESUMABLE = ("rounds", "data", "out", "device", "executor", "chunk_clients", "checkpoint_every")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How `fedrc train` runs federated training (FedRC paper, Algorithm 1 and appendix H).
+
+    What every algorithm shares; an algorithm's or a model's own options are its `Settings`
+    (`settings`, keyed by the algorithm's and the model's name; `pipeline.run.resolve` fills it).
+    The fields come in sections (`GROUPS`, the panels of `fedrc train --help`), in that order;
+    to a user they stay one flat set of keys: params.yaml's `train:`, the options, config.json.
+    """
+
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Run": ("data", "algorithm", "clusters", "model", "profile", "seed", "out"),
+        "Rounds": ("rounds", "rounds_per_step", "participation", "server_lr"),
+        "Local SGD": (
+            "local_epochs",
+            "batch_size",
+            "lr",
+            "momentum",
+            "weight_decay",
+            "drop_last",
+            "persistent_momentum",
+            "skip_below",
+        ),
+        "Evaluation and checkpoints": ("eval_every", "checkpoint_every"),
+        "Execution": ("device", "executor", "chunk_clients", "precision"),
+    }
+
+    # Run
+    data: str = option("data/federated", "Folder written by `fedrc partition`.")
+    algorithm: str = option("fedrc", "Built-in (`fedrc info`), a plugin, or module:Name.")
+    clusters: int = option(3, "K, the number of models.")
+    model: str = option("cnn", "cnn, mobilenet_v2, resnet18, a plugin, or module:Name.")
+    profile: str = option("paper", "paper, or reference: the authors' code's settings.")
+    seed: int = option(0, "Seed for models, sampling and batches.")
+    out: str = option("runs/fedrc", "Run folder.")
+
+    # Rounds
+    rounds: int = option(200, "Communication rounds.")
+    rounds_per_step: int | None = option(
+        None,
+        "Drifting benchmarks: rounds at each time step (none: rounds / T; the last step takes "
+        "the rest).",
+    )
+    participation: float = option(1.0, "Share of participating clients sampled each round.")
+    server_lr: float = option(1.0, "Server learning rate η_g: θ ← θ + η_g (average − θ).")
+
+    # Local SGD
+    local_epochs: int = option(1, "Local epochs per round.")
+    batch_size: int = option(128, "Local mini-batch size.")
+    lr: float = option(0.1, "Local SGD learning rate.")
+    momentum: float = option(0.9, "SGD momentum.")
+    weight_decay: float = option(0.0, "SGD weight decay.")
+    drop_last: bool = option(False, "Drop each epoch's last incomplete batch.")
+    persistent_momentum: bool = option(
+        False, "Keep each (client, model)'s SGD momentum across rounds."
+    )
+    skip_below: float = option(
+        0.0,
+        "Skip the local training of a (client, model) pair whose ω is below δ; its model is "
+        "folded in unchanged (0: train every pair).",
+    )
+
+    # Evaluation and checkpoints
+    eval_every: int = option(1, "Evaluate every N rounds (and at the last round).")
+    checkpoint_every: int | None = option(
+        None,
+        "Write checkpoint.pt every N rounds (and at the last); none: every round while a "
+        "checkpoint is under 512 MB; 0: never (the run can be neither resumed nor extended).",
+    )
+
+    # Execution
+    device: str = option("auto", "auto (cuda when available), cpu or cuda.")
+    executor: str = option("auto", "auto (batched on CUDA), batched or sequential.")
+    chunk_clients: int | None = option(
+        None, "Batched: local trainings at once (none: from free GPU memory)."
+    )
+    precision: str = option(
+        "fp32",
+        "fp32, or bf16: forward passes (training, E-step, evaluation) under bfloat16 autocast "
+        "on the CPU or CUDA; weights, optimizer state and aggregation stay fp32.",
+    )
+
+    # The algorithm's and the model's own settings (`pipeline.run.resolve`)
+    settings: dict[str, Any] = field(default_factory=dict, compare=True, repr=True)
+
+    @property
+    def algorithm_settings(self) -> Any:
+        return self.settings.get(self.algorithm)
+
+    @property
+    def model_settings(self) -> Any:
+        return self.settings.get(self.model)
+
+    def validate(self) -> None:
+        t = "train"
+        _require(self.clusters >= 1, f"{t}.clusters", "an integer >= 1", self.clusters)
+        _require(self.rounds >= 1, f"{t}.rounds", "an integer >= 1", self.rounds)
+        rps = self.rounds_per_step
+        _require(rps is None or rps >= 1, f"{t}.rounds_per_step", "an integer >= 1 or null", rps)
+        _require(self.local_epochs >= 1, f"{t}.local_epochs", "an integer >= 1", self.local_epochs)
+        _require(self.batch_size >= 1, f"{t}.batch_size", "an integer >= 1", self.batch_size)
+        _require(math.isfinite(self.lr) and self.lr > 0, f"{t}.lr", "a number > 0", self.lr)
+        _require(0 <= self.momentum < 1, f"{t}.momentum", "a number in [0, 1)", self.momentum)
+        _require(self.weight_decay >= 0, f"{t}.weight_decay", "a number >= 0", self.weight_decay)
+        _require(
+            0 < self.participation <= 1,
+            f"{t}.participation",
+            "a number in (0, 1]",
+            self.participation,
+        )
+        _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
+        ce = self.checkpoint_every
+        _require(
+            ce is None or ce >= 0, f"{t}.checkpoint_every", "an integer >= 0 (0: never) or null", ce
+        )
+        _require(self.device in DEVICES, f"{t}.device", f"one of {DEVICES}", self.device)
+        ex, cc = self.executor, self.chunk_clients
+        _require(ex in EXECUTORS, f"{t}.executor", f"one of {EXECUTORS}", ex)
+        _require(cc is None or cc >= 1, f"{t}.chunk_clients", "an integer >= 1 or null", cc)
+        pr = self.precision
+        _require(pr in PRECISIONS, f"{t}.precision", f"one of {PRECISIONS}", pr)
+        _require(
+            self.profile in PROFILES, f"{t}.profile", f"one of {tuple(PROFILES)}", self.profile
+        )
+        _require(0 < self.server_lr <= 10, f"{t}.server_lr", "a number in (0, 10]", self.server_lr)
+        sb = self.skip_below
+        _require(0 <= sb < 1, f"{t}.skip_below", "a number in [0, 1)", sb)
+        _require(0 <= self.seed <= SEED_MAX, f"{t}.seed", SEEDS, self.seed)
+
+    def over_steps(self, time_steps: int) -> TrainConfig:
+        """The configuration for a benchmark of `time_steps` steps: `rounds_per_step` fixed
+        (rounds / T when not given; refused when a step would get no round). A run given
+        `rounds_per_step` may stop before the last step, to be continued with --resume."""
+        if time_steps == 1 or self.rounds_per_step is not None:
+            return self
+        if self.rounds < time_steps:
+            raise FedrcError(
+                f"train.rounds: {self.rounds} for {time_steps} time steps; give at least "
+                "one round a step"
+            )
+        return dataclasses.replace(self, rounds_per_step=self.rounds // time_steps)
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed, flat: every field that changes the
+        numbers, and each setting as `<component>.<key>`."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in (*RESUMABLE, "settings"):
+            d.pop(key)
+        for owner, values in self.settings.items():
+            for key, value in dataclasses.asdict(values).items():
+                d[f"{owner}.{key}"] = value
+        return d
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How `fedrc eval` scores a run."""
+
+    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.")
+    hard: bool = option(
+        False, "Predict with the model of largest ω (hard) or the ω-weighted ensemble (soft)."
+    )
+    finetune: bool = option(
+        False,
+        "FedRC-FT: one γ-weighted epoch on each client before the last-round scores (the global "
+        "models stay unchanged).",
+    )
+    finetune_lr: float | None = option(
+        None,
+        "FedRC-FT's SGD learning rate (default: the run's lr). One step at a large training lr "
+        "can overshoot on one client's data; docs/protocol.md.",
+    )
+    unlabeled: bool = option(
+        True,
+        "Also score the held-out clients assigned without their labels (the method's own "
+        "label-free rule, else the lowest prediction entropy): final_unlabeled_global_accuracy.",
+    )
+
+    def validate(self) -> None:
+        lr = self.finetune_lr
+        if lr is None:
+            return
+        if not self.finetune:
+            raise FedrcError("eval.finetune_lr: fine-tunes nothing without eval.finetune")
+        _require(math.isfinite(lr) and 0 < lr <= 10, "eval.finetune_lr", "a number in (0, 10]", lr)
+
+
+@dataclass(frozen=True)
+class PlotConfig:
+    """What `fedrc plot` draws."""
+
+    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.")
+    dpi: int = option(120, "Resolution of the PNG files.")
+
+    def validate(self) -> None:
+        _require(20 <= self.dpi <= 600, "plot.dpi", "an integer in [20, 600]", self.dpi)
