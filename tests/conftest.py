@@ -23,6 +23,12 @@ from pipeline.stages import partition_stage, train_stage
 # tests pin every x86 CPU to the AVX2 kernels so the stored curves hold on any of them.
 # oneDNN reads this on its first convolution, not at import, so setting it here is in time.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+# MKL (torch's matrix products and SVDs on x86) picks its code paths by CPU vendor and model
+# too: on an Intel Xeon seven curves stored on an AMD EPYC moved past 1e-3. MKL's Conditional
+# Numerical Reproducibility pins one AVX2 path on every x86 CPU, and STRICT makes it independent
+# of memory alignment (else two runs of one computation may differ in the last bit); MKL reads
+# it at its first call.
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 
 ALGORITHMS = tuple(BUILT_IN)  # every built-in algorithm, in registry order
 PROXIMAL = ("fedprox", "fedsoft", "fesem-cam")  # those with a proximal μ

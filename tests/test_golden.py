@@ -3,8 +3,9 @@ participation, resume, and eval agreeing with the training log.
 
 Regenerate the curves after an intended change of the numbers with
 `FEDRC_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`, and say why in the commit.
-conftest.py pins oneDNN to its AVX2 kernels and the tests train on 2 torch threads, so the curves
-are the same on AVX2 and AVX-512 CPUs with any number of cores.
+conftest.py pins oneDNN to its AVX2 kernels and MKL to its AVX2 path, and the tests train on 2
+torch threads, so the curves are the same on AVX2 and AVX-512 CPUs, Intel or AMD, with any number
+of cores.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import torch
 from conftest import ALGORITHMS, torch_threads
 
 from pipeline.config import EvalConfig, TrainConfig
-from pipeline.resolve import make_config
-from pipeline.run_files import METRICS, MODEL, load_state, read_metrics
+from pipeline.run.files import METRICS, MODEL, load_state, read_metrics
+from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
 
 GOLDEN = Path(__file__).parent / "golden" / "curves.json"
