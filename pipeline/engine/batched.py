@@ -21,6 +21,13 @@ How the tasks are kept apart (one computation for many small trainings is what a
   and momentum would otherwise keep moving it).
 - BatchNorm. Floating-point buffers are stacked like the parameters and passed to
   `functional_call`; the training-mode forward updates each task's running statistics in place.
+- Convolutions. vmap turns a convolution whose weights differ per task into a grouped one
+  (groups = tasks), which cuDNN runs one task at a time (docs/performance.md, the H200 profile).
+  With `conv="im2col"`, the default on CUDA, the model's plain convolutions have a batching rule
+  of their own (`pipeline.engine.im2col`): every task's batch unfolded and one batched matrix
+  product over all tasks, so forward and backward are a few large kernels per layer whatever
+  the number of tasks; other convolutions (depthwise, grouped) keep vmap's rule, layer by
+  layer. On the CPU vmap's grouped convolution measured faster, and `auto` keeps it there.
 - Dropout draws different masks per task (`randomness="different"`), from the global generator
   in another order than the sequential executor: models with dropout (MobileNetV2's head) do not
   match it number for number.
