@@ -7,6 +7,8 @@ step, plus layout conversions. Here the batching rule of such a convolution is w
 instead: im2col (`F.unfold`) of every task's batch, then one `torch.baddbmm` of all tasks'
 weights with their columns. Autograd then records these few large operations, so the backward
 pass is also a handful of kernels (two batched products and `fold`) whatever the number of tasks.
+The price is memory: the columns, C·kh·kw × H'·W' per sample and layer, are kept for backward
+(the executor's automatic chunk size counts them, `column_elements`).
 
 Which layers take it is decided per layer by `with_im2col`: a plain `nn.Conv2d` of one group with
 zero padding given as numbers. Anything else (MobileNetV2's depthwise convolutions, other padding
