@@ -1,6 +1,7 @@
 """What only a GPU can show, run by `benchmarks/gpu_check.sh` (skipped where torch sees no GPU):
-the batched executor on CUDA against the sequential one for every algorithm, bf16 autocast,
-chunk sizing from free GPU memory, and a checkpoint written on CUDA resumed on the CPU."""
+the batched executor on CUDA against the sequential one for every algorithm, both convolution
+paths against the CPU, bf16 autocast, chunk sizing from free GPU memory, and a checkpoint
+written on CUDA resumed on the CPU."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ALGORITHMS, PROXIMAL, assert_metrics_close
+from test_batched import SGD, cnn, depthwise_net, jobs, pair, strided_net
 
 from pipeline.algorithms import BUILT_IN
 from pipeline.config import TrainConfig
@@ -53,6 +55,25 @@ def test_batched_on_cuda_matches_sequential_on_cuda(
         for row in runs[executor]:
             row.pop("seconds")
     assert_metrics_close(runs["sequential"], runs["batched"], loss_tolerance=1e-3)
+
+
+@pytest.mark.parametrize("build", [cnn, strided_net, depthwise_net])
+def test_both_conv_paths_on_cuda_match_the_cpu(build, monkeypatch: pytest.MonkeyPatch) -> None:
+    """im2col and vmap's grouped convolution on CUDA against the CPU's sequential executor, in
+    strict fp32 (cuDNN's convolutions use TF32 by default, the im2col products do not)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert torch.get_float32_matmul_precision() == "highest"  # torch's default: no TF32
+    seq = pair(build)[0]
+    work = jobs(seq)
+    expected = seq.train_many(work)
+    for conv in ("grouped", "im2col"):
+        torch.manual_seed(0)  # the model of `pair`
+        ex = BatchedExecutor(build(), torch.device("cuda"), **SGD, drop_last=False, conv=conv)
+        for a, b in zip(expected, ex.train_many(work), strict=True):
+            torch.testing.assert_close(b.params.cpu(), a.params, atol=1e-5, rtol=0)
+            assert b.loss_sum == pytest.approx(a.loss_sum, rel=1e-5)
+            if a.momentum is not None:
+                torch.testing.assert_close(b.momentum.cpu(), a.momentum, atol=1e-5, rtol=0)
 
 
 def test_bf16_autocast_trains_close_to_fp32(tiny_data: Path, tmp_path: Path) -> None:

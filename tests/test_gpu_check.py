@@ -26,13 +26,14 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert "skipped" in out  # the cuda tests were collected (and skipped on the CPU)
     assert "# Profile of fedrc" in out and "| client_parts |" in out  # gpu_profile.py
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
+    assert "| im2col |" in out  # conv_paths.py
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
     # the matrix: stopped with a checkpoint, resumed from it on the same machine, started over
     # on a fresh one, and finished with FedRC-FT and the report
     assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
     assert "train from round 2" in out
     fresh = out[out.index("on a fresh machine") :]
-    assert "train from round 0" in fresh and "done: 12 of 12 steps; failed: none" in fresh
+    assert "train from round 0" in fresh and "done: 13 of 13 steps; failed: none" in fresh
     assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
     assert out.rstrip().endswith("dry run: every step ran, --continue included")
 

@@ -26,9 +26,10 @@ runner = CliRunner()
 SGD = dict(lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=8, local_epochs=2, drop_last=False)
 
 
-def executor(kind: type[SequentialExecutor], precision: str) -> SequentialExecutor:
+def executor(kind: type[SequentialExecutor], precision: str, **kw) -> SequentialExecutor:
     torch.manual_seed(0)
-    return kind(build_model((16, 16, 1), 4, "cnn"), torch.device("cpu"), **SGD, precision=precision)
+    model = build_model((16, 16, 1), 4, "cnn")
+    return kind(model, torch.device("cpu"), **SGD, precision=precision, **kw)
 
 
 def job(ex: SequentialExecutor) -> tuple:
@@ -54,8 +55,9 @@ def test_bf16_training_keeps_float32_master_weights(kind: type[SequentialExecuto
     assert bf16.loss_sum == pytest.approx(fp32.loss_sum, rel=0.02)
 
 
-def test_both_executors_agree_under_bf16() -> None:
-    seq, bat = executor(SequentialExecutor, "bf16"), executor(BatchedExecutor, "bf16")
+@pytest.mark.parametrize("conv", ["grouped", "im2col"])
+def test_both_executors_agree_under_bf16(conv: str) -> None:
+    seq, bat = executor(SequentialExecutor, "bf16"), executor(BatchedExecutor, "bf16", conv=conv)
     a, b = seq.train(*job(seq)), bat.train(*job(bat))
     torch.testing.assert_close(b.params, a.params, atol=0.01, rtol=0)
     assert b.loss_sum == pytest.approx(a.loss_sum, rel=0.01)

@@ -21,6 +21,13 @@ How the tasks are kept apart (one computation for many small trainings is what a
   and momentum would otherwise keep moving it).
 - BatchNorm. Floating-point buffers are stacked like the parameters and passed to
   `functional_call`; the training-mode forward updates each task's running statistics in place.
+- Convolutions. vmap turns a convolution whose weights differ per task into a grouped one
+  (groups = tasks), which cuDNN runs one task at a time (docs/performance.md, the H200 profile).
+  With `conv="im2col"`, the default on CUDA, the model's plain convolutions have a batching rule
+  of their own (`pipeline.engine.im2col`): every task's batch unfolded and one batched matrix
+  product over all tasks, so forward and backward are a few large kernels per layer whatever
+  the number of tasks; other convolutions (depthwise, grouped) keep vmap's rule, layer by
+  layer. On the CPU vmap's grouped convolution measured faster, and `auto` keeps it there.
 - Dropout draws different masks per task (`randomness="different"`), from the global generator
   in another order than the sequential executor: models with dropout (MobileNetV2's head) do not
   match it number for number.
@@ -46,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from pipeline.engine.im2col import column_elements, conv_path, with_im2col
 from pipeline.engine.sequential import NonFiniteLoss, SequentialExecutor, as_input
 from pipeline.engine.task import Job, LocalResult, LocalTask
 
@@ -72,7 +80,10 @@ class BatchedExecutor(SequentialExecutor):
     `stream` and `logits` vectorised over tasks / model rows.
 
     `chunk_tasks`: local trainings run at once (None: from free GPU memory, `CPU_CHUNK` on a
-    CPU). `precision`: "fp32" (default) or "bf16" (autocast, `SequentialExecutor`).
+    CPU). `precision`: "fp32" (default) or "bf16" (autocast, `SequentialExecutor`). `conv`:
+    how convolutions with per-task weights run: "im2col" (one batched product per layer,
+    `pipeline.engine.im2col`), "grouped" (vmap's grouped convolution) or "auto" (im2col on
+    CUDA, grouped on the CPU).
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class BatchedExecutor(SequentialExecutor):
         drop_last: bool,
         chunk_tasks: int | None = None,
         precision: str = "fp32",
+        conv: str = "auto",
     ) -> None:
         super().__init__(
             model,
@@ -105,6 +117,9 @@ class BatchedExecutor(SequentialExecutor):
         self.param_names = [n for n, _ in self.model.named_parameters()]
         self.buffer_names = [n for n, b in self.model.named_buffers() if b.is_floating_point()]
         self.shapes = [t.shape for t in self.tensors]
+        self.conv = conv_path(conv, device)
+        # the module that vmap runs: the model, or its copy whose convolutions take im2col
+        self.vmapped = with_im2col(self.model) if self.conv == "im2col" else self.model
 
     # --- stacked flat vectors ↔ dictionaries of stacked tensors ---------------------------
     def _unflatten(self, flat: torch.Tensor) -> tuple[dict, dict]:
@@ -123,11 +138,11 @@ class BatchedExecutor(SequentialExecutor):
     # --- inference ------------------------------------------------------------------------
     def logits(self, models: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """Logits of every model row on every image (K, N, classes), the rows vmapped."""
-        self.model.eval()
+        self.vmapped.eval()
         params, buffers = self._unflatten(models.to(self.device))
 
         def one(p, b, x):
-            return functional_call(self.model, (p, b), (x,))
+            return functional_call(self.vmapped, (p, b), (x,))
 
         batched = vmap(one, in_dims=(0, 0, None))
         step = GPU_INFERENCE_CHUNK if self.device.type == "cuda" else 256
@@ -251,7 +266,7 @@ class BatchedExecutor(SequentialExecutor):
         params, buffers = list(params.values()), list(buffers.values())
         bufs = self._momentum_start(tasks)
         anchors, mus = self._proximal(tasks)
-        self.model.train()
+        self.vmapped.train()
         in_dims = (0, 0, 0, 0, 0, None if pool.offsets is None else 0)
         loss = vmap(self._task_loss, in_dims=in_dims, randomness="different")
         total = torch.zeros(len(jobs), dtype=torch.float64, device=self.device)
@@ -300,7 +315,7 @@ class BatchedExecutor(SequentialExecutor):
     def _task_loss(self, p, b, x, y, w, o):
         """One task's Σ w·f on its batch, the function vmapped over a group's tasks."""
         state = (dict(zip(self.param_names, p)), dict(zip(self.buffer_names, b)))
-        out = functional_call(self.model, state, (x,))
+        out = functional_call(self.vmapped, state, (x,))
         if o is not None:
             out = out + o
         return (w * F.cross_entropy(out.float(), y, reduction="none")).sum()
@@ -381,7 +396,7 @@ class BatchedExecutor(SequentialExecutor):
         """Tasks per chunk: `CPU_CHUNK` on a CPU; on CUDA, MEMORY_SHARE of the free memory
         over a conservative per-task estimate (fp32 parameters, gradient, momentum, anchor,
         update and a stacked copy: 6×; activations kept for backward: 3× the outputs of every
-        module for one batch)."""
+        module and the im2col columns for one batch)."""
         if self.device.type != "cuda":
             return CPU_CHUNK
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -389,19 +404,20 @@ class BatchedExecutor(SequentialExecutor):
         return max(1, int(MEMORY_SHARE * free // per_task))
 
     def _activations(self, images: torch.Tensor) -> int:
-        """Elements output by all leaf modules for one sample."""
+        """Elements output by all leaf modules for one sample, and the im2col columns that
+        convolutions keep for backward (`conv="im2col"`)."""
         count = [0]
 
         def hook(module, args, output):
             if isinstance(output, torch.Tensor):
-                count[0] += output[0].numel()
+                count[0] += output[0].numel() + column_elements(module, output)
 
-        leaves = [m for m in self.model.modules() if not list(m.children())]
+        leaves = [m for m in self.vmapped.modules() if not list(m.children())]
         handles = [m.register_forward_hook(hook) for m in leaves]
         try:
-            self.model.eval()
+            self.vmapped.eval()
             with torch.no_grad():
-                self.model(as_input(images[:1].to(self.device)))
+                self.vmapped(as_input(images[:1].to(self.device)))
         finally:
             for h in handles:
                 h.remove()
