@@ -309,11 +309,11 @@ def _score_final(
         own = finetuned_logits(algorithm, tuning, models, data, train_config.seed)
     else:
         own = personal_logits(algorithm, executor, data, everyone)
-    table = score_clients(logits, data, final["omega"], config.hard, own, everyone)
+    table = score_clients(logits, data, final["omega"], own, everyone)[int(config.hard)]
     if not config.unlabeled:
         return table, summarize(data, table), {}
     blind = unlabeled_omega(algorithm, logits, data, final["omega"])
-    held = score_clients(logits, data, blind, config.hard, own, data.held_out)
+    held = score_clients(logits, data, blind, own, data.held_out)[int(config.hard)]
     blind_summary = summarize(data, held + table * (held[:, 2:] == 0))  # others: as scored
     return (
         table,

@@ -1011,20 +1011,21 @@ def test_diverging_training_keeps_the_last_good_checkpoint(here: Path) -> None:
 
 
 def test_non_finite_evaluation_names_the_round(here: Path, monkeypatch) -> None:
-    import pipeline.run.clients as clients
+    import pipeline.evaluation.accuracy as accuracy
     import pipeline.run.training as training
 
-    real, real_raw = training.evaluate_round, clients.all_logits
+    real, real_block = training.evaluate_round, accuracy.distinct_logits
 
     def nan_logits(*args):
         scores, logits = real(*args)
         return scores, torch.full_like(logits, float("nan"))
 
-    def nan_raw(*args):  # an algorithm with a client part scores where its data is
-        return torch.full_like(real_raw(*args), float("nan"))
+    def nan_block(*args):  # an algorithm with a client part scores where its data is
+        block, asked = real_block(*args)
+        return torch.full_like(block, float("nan")), asked
 
     monkeypatch.setattr(training, "evaluate_round", nan_logits)
-    monkeypatch.setattr(clients, "all_logits", nan_raw)
+    monkeypatch.setattr(accuracy, "distinct_logits", nan_block)
     line = assert_one_line(invoke("train", *RUN_R, "--rounds", "2", "--out", "x"), code=2)
     assert "round 1: evaluation: non-finite logits" in line
     monkeypatch.undo()

@@ -34,6 +34,9 @@ E-step, in one of two ways:
   `assign_held_out`, `step.run` and `step.held_out`: each sample's arg-max class under each
   model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
   `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings
+  `reads(i)` (`step.reads(K)` with a client part)  before the E-step: the model rows whose
+                                     logits the E-step and `local_tasks` read on client i's
+                                     samples; only those are computed, the others are NaN
   `fold(i, task, result)`            add one trained model to the running aggregates
                                      (`accumulate`); the loop drops the result right after
 then once per round:
@@ -44,6 +47,7 @@ then once per round:
   `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
+  `combined_rows(predictors)`        the rows `combine_logits` reads for those predictors
   `assign_held_out(i, losses, labels)`  a non-participating client's ω (returned; with a client
                                      part: `step.held_out`, where the client's data lives)
   `assign_unlabeled(i, logits, images)`  the same without its labels (`fedrc eval`)
@@ -71,7 +75,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, soft_tasks
+from pipeline.algorithms.client import ClientStep, Memory, Rows, Upload, hard_tasks, soft_tasks
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
@@ -337,6 +341,16 @@ class Algorithm(ABC):
         """ω_i of a non-participating client, from its client part's `held_out`."""
         self.omega[client] = omega.to("cpu", torch.float64)
 
+    def reads(self, client: int) -> Rows:
+        """The rows of `models` whose logits on client `client`'s training samples its E-step
+        (`assign`, through `combine_logits`) and its `local_tasks` (`raw`) read this round: the
+        round computes only those, and the others are NaN in what these verbs get (their shape
+        and dtype stay). Asked after `plan_round`. With a client part: its step's
+        (`ClientStep.reads`). Default: every row; a rule that reads no loss returns ()."""
+        if self.client_part:
+            return self.client_step(client).reads(self.num_models)
+        return tuple(range(self.num_rows))
+
     # --- local training -------------------------------------------------------------------
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
@@ -382,6 +396,14 @@ class Algorithm(ABC):
     def combine_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """The K predictors' logits from the rows' (R, N, classes): the first K rows."""
         return raw[: self.num_models]
+
+    def combined_rows(self, predictors: Rows) -> Rows:
+        """The rows of `models` whose logits `combine_logits` reads to give these predictors:
+        the same rows with the base's (the first K); every row where a subclass combines them
+        otherwise without saying (CAM adds the global row)."""
+        if _owner(type(self), "combine_logits") is Algorithm and "combine_logits" not in vars(self):
+            return predictors
+        return tuple(range(self.num_rows))
 
     def predict_weights(self, client: int) -> torch.Tensor:
         return self.omega[client]

@@ -26,6 +26,7 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
+from pipeline.algorithms.client import Rows
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
@@ -53,6 +54,15 @@ class IFCACAM(Algorithm):
         if self.warming_up:
             return global_.expand(self.num_models, *global_.shape)
         return raw[: self.num_models] + global_
+
+    def combined_rows(self, predictors: Rows) -> Rows:
+        g = self.num_models
+        return (g,) if self.warming_up else (*predictors, g)
+
+    def reads(self, client: int) -> Rows:
+        """None while warming up (Θ_g trains alone); then every row (`choose` reads the K
+        predictors' losses, the tasks the global row's and the cluster's logits)."""
+        return () if self.warming_up else tuple(range(self.num_rows))
 
     def choose(self, client: int, losses: torch.Tensor) -> int:
         return int(losses.mean(0).argmin())
@@ -122,6 +132,13 @@ class FeSEMCAM(IFCACAM):
         super().init_state()
         self._trained: RowStore | None = None
         self._weight: torch.Tensor | None = None  # (clients,): n_i of the cluster-side model
+
+    def reads(self, client: int) -> Rows:
+        """A client with a K-means cluster k: rows k and g (its tasks' offsets) alone."""
+        known = int(self.cluster[client])
+        if self.warming_up or known < 0:
+            return super().reads(client)
+        return (known, self.num_models)
 
     def choose(self, client: int, losses: torch.Tensor) -> int:
         """Keep the server's K-means assignment; a client seen for the first time: lowest loss."""

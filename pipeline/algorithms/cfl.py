@@ -32,6 +32,7 @@ from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import (
     HardStep,
     Memory,
+    Rows,
     Upload,
     hard_outcome,
     lowest_loss,
@@ -85,6 +86,10 @@ class CFLStep(HardStep):
             halves = self.halves.tolist()
             k = halves[int(losses[:, halves].mean(0).argmin())]
         return hard_outcome(losses, k)
+
+    def reads(self, predictors: int) -> Rows:
+        """The two halves' losses for a client that missed its cluster's split; else none."""
+        return tuple(self.halves.tolist())
 
     def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return lowest_loss(losses, losses.shape[1], list(range(self.clusters)))

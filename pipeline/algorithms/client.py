@@ -13,8 +13,12 @@ A step is a dataclass whose fields are tensors, numbers, booleans or strings: it
 torchrun) and travels as Flower records (`pipeline.flower.wire`). What a client keeps between
 its own E-steps (FedRC's Adam moments) is its `memory`: it stays on the client's place.
 
-The helpers below (`per_sample_losses`, `client_accuracy`) are the client's side of the E-step
-and of evaluation, shared by every place.
+What the E-step reads costs inference: the K models run on the client's samples only for the
+predictors its step `reads` (FedEM and FedRC: all K; a step whose cluster the server already
+chose: none), and the other columns of the losses it gets are NaN.
+
+The helpers below (`per_sample_losses`, `accuracies`) are the client's side of the E-step and of
+evaluation, shared by every place.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pipeline.engine.task import LocalTask
 
 Memory = dict[str, torch.Tensor]
 Upload = dict[str, torch.Tensor]
+Rows = tuple[int, ...]  # model rows whose logits an E-step reads, in increasing order
 
 
 @dataclass
@@ -59,6 +64,13 @@ class ClientStep:
         """A non-participating client's ω from its labelled part (protocol §2's default: the
         model with the lowest mean loss), the only thing it sends up."""
         return lowest_loss(losses, losses.shape[1])
+
+    def reads(self, predictors: int) -> Rows:
+        """The predictors (of K = `predictors`) whose losses or predictions `run` reads: only
+        their logits are computed on the client's samples, and the other columns of the losses
+        `run` gets are NaN (their shape and dtype stay). Default: all K. A step that needs none
+        (its cluster already chosen) returns (), and the round runs no inference for it."""
+        return tuple(range(predictors))
 
     def extra(self, logits: torch.Tensor) -> dict[str, Any]:
         """The optional arguments of `run` and `held_out` from the logits (K, N_i, classes)."""
@@ -93,6 +105,10 @@ class ClusterStep(HardStep):
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
         k = self.cluster if self.cluster >= 0 else int(losses.mean(0).argmin())
         return hard_outcome(losses, k)
+
+    def reads(self, predictors: int) -> Rows:
+        """Every model's losses while the client has no cluster; none once it has one."""
+        return () if self.cluster >= 0 else tuple(range(predictors))
 
 
 def hard_outcome(losses: torch.Tensor, cluster: int) -> ClientOutcome:
@@ -152,23 +168,33 @@ def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return -logp.gather(-1, labels.expand(logits.shape[0], -1).unsqueeze(-1)).squeeze(-1).T
 
 
-def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.Tensor:
-    """Soft: arg-max of Σ_k ω_k softmax(z_k). Hard: the arg-max of the model with the largest ω."""
-    if hard:
-        return logits[int(torch.argmax(omega))].argmax(-1)
-    weights = omega.to(logits).view(-1, 1, 1)
-    return (weights * torch.softmax(logits, dim=-1)).sum(0).argmax(-1)
-
-
-def client_accuracy(
-    logits: torch.Tensor, labels: torch.Tensor, train: int, omega: torch.Tensor
+def accuracies(
+    logits: torch.Tensor, labels: torch.Tensor, spans: list[tuple[int, int]], weights: torch.Tensor
 ) -> torch.Tensor:
-    """(2, 2) accuracies of one client, [soft, hard] × [training part, test part], from the
-    logits (K, N_i, classes) of all its rows (the first `train` are its training part): four
-    numbers a client can send in place of its labels."""
-    out = torch.zeros((2, 2), dtype=torch.float64)
-    for row, hard in enumerate((False, True)):
-        for column, part in enumerate((slice(0, train), slice(train, labels.numel()))):
-            pred = predictions(logits[:, part], omega, hard)
-            out[row, column] = float((pred == labels[part]).float().mean())
-    return out
+    """(2, S) float64: the soft and the hard accuracy of each of S spans [start, stop) of the
+    rows, span s predicting with its weights[s] (K,) over the K predictors' logits (K, N,
+    classes). Soft: the arg-max of Σ_k w_k softmax(z_k) over the models with w_k > 0 (the others
+    may be NaN: never computed); hard: the arg-max of the model with the largest w.
+
+    All spans in one pass and one read back: a call and a read per client and part made a GPU
+    wait once for every number (1,212 waits an evaluation at the paper's scale). Each number is
+    the one `(prediction == label).float().mean()` gives on the logits' device."""
+    device = logits.device
+    lengths = torch.tensor([stop - start for start, stop in spans])
+    rows = torch.cat([torch.arange(start, stop) for start, stop in spans]).to(device)
+    segment = torch.repeat_interleave(torch.arange(len(spans)), lengths).to(device)
+    chosen = logits[:, rows]
+    share = weights.to(logits)[segment].T.unsqueeze(-1)  # (K, M, 1)
+    mixed = torch.where(share > 0, share * torch.softmax(chosen, dim=-1), 0.0)
+    hard = chosen[weights.argmax(1).to(device)[segment], torch.arange(rows.numel(), device=device)]
+    right = torch.stack([mixed.sum(0).argmax(-1), hard.argmax(-1)]) == labels[rows]
+    counts = torch.zeros(2, len(spans), device=device).index_add_(1, segment, right.float())
+    return mean_of_counts(counts.cpu(), lengths.float(), device).double()
+
+
+def mean_of_counts(counts: torch.Tensor, sizes: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """count / size in float32 as torch's `mean` of 0/1 values gives it on `device`: the CPU
+    divides the sum, CUDA multiplies it by 1/size (both exact sums below 2**24)."""
+    if device.type == "cuda":
+        return counts * (torch.ones_like(sizes) / sizes)
+    return counts / sizes

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, mean_omega
+from pipeline.algorithms.client import ClientOutcome, ClientStep, Memory, Rows, mean_omega
 from pipeline.common.settings import Settings
 
 
@@ -19,6 +19,10 @@ class FedAvgStep(ClientStep):
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
         gamma = torch.ones_like(losses)
         return ClientOutcome(gamma, {"omega": mean_omega(gamma)})
+
+    def reads(self, predictors: int) -> Rows:
+        """No loss: every sample trains the one model."""
+        return ()
 
     def held_out(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """A held-out client simply uses the one global model (ω = 1)."""

@@ -43,6 +43,7 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.client import Rows
 from pipeline.algorithms.settings import FedCCFASettings
 from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings
@@ -209,6 +210,10 @@ class FedCCFA(Algorithm):
         return groups(keys.tolist())
 
     # --- round ------------------------------------------------------------------------------
+    def reads(self, client: int) -> Rows:
+        """No loss: the one row trains on every sample."""
+        return ()
+
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """No E-step (one row): keep the client's label counts, P_i(Y) of this round's data."""
         self.counts[client] = torch.bincount(labels.cpu(), minlength=self.num_classes).double()

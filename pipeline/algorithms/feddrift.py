@@ -62,6 +62,7 @@ from pipeline.algorithms.client import (
     ClientOutcome,
     ClientStep,
     Memory,
+    Rows,
     Upload,
     hard_outcome,
     one_hot,
@@ -96,6 +97,10 @@ class FedDriftStep(ClientStep):
         if self.scoring:
             return ClientOutcome(torch.zeros_like(losses), self.scores(losses))
         return hard_outcome(losses, self.row)
+
+    def reads(self, predictors: int) -> Rows:
+        """Every model's losses to score; none to train its row."""
+        return tuple(range(predictors)) if self.scoring else ()
 
     def scores(self, losses: torch.Tensor) -> Upload:
         upload = {"scores": mean_losses(losses)}

@@ -48,6 +48,7 @@ from torch import nn
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.client import Rows
 from pipeline.algorithms.settings import FLUXSettings
 from pipeline.common.errors import FedrcError
 from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
@@ -280,6 +281,10 @@ class FLUX(HardClustering):
         self._stats[client] = statistic.double()
 
     # --- assignment -----------------------------------------------------------------------
+    def reads(self, client: int) -> Rows:
+        """No loss: clusters come from the descriptors."""
+        return ()
+
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.phase == WARMUP:
             return torch.ones_like(losses) / self.num_models
@@ -399,6 +404,9 @@ class FLUX(HardClustering):
         if self.phase in (WARMUP, CLUSTER):
             return raw[0].expand(self.num_models, *raw.shape[1:])
         return raw
+
+    def combined_rows(self, predictors: Rows) -> Rows:
+        return (0,) if self.phase in (WARMUP, CLUSTER) else predictors
 
     def round_info(self) -> dict[str, Any]:
         return {"active_models": max(self.clusters, 1)}

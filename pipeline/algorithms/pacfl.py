@@ -37,6 +37,7 @@ import torch
 
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, one_hot
+from pipeline.algorithms.client import Rows
 from pipeline.algorithms.settings import PACFLSettings
 
 
@@ -154,6 +155,10 @@ class PACFL(HardClustering):
         for i in clients:
             self.cluster[i] = k
             self.omega[i] = one_hot(k, self.num_models)
+
+    def reads(self, client: int) -> Rows:
+        """No loss: clusters come from the signatures."""
+        return ()
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.settle()

@@ -55,6 +55,7 @@ from pipeline.algorithms.client import (
     ClientOutcome,
     ClientStep,
     Memory,
+    Rows,
     Upload,
     lowest_loss,
     one_hot,
@@ -88,6 +89,10 @@ class StoCFLStep(ClientStep):
         if not self.held.numel():
             return self.omega
         return lowest_loss(losses, k, self.held.tolist())
+
+    def reads(self, predictors: int) -> Rows:
+        """The held rows' losses while its cluster holds none (`chosen`); else none."""
+        return () if self.row >= 0 else tuple(self.held.tolist())
 
     def run(self, losses: torch.Tensor, labels: torch.Tensor, memory: Memory | None):
         omega = self.chosen(losses)

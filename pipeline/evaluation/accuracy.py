@@ -8,6 +8,7 @@ clients, one per concept, each after fitting its ω on its labelled part.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,33 +16,68 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.client import per_sample_losses, predictions, sample_predictions
+from pipeline.algorithms.client import accuracies, one_hot, per_sample_losses, sample_predictions
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
+from pipeline.engine.inference import logits_where
 from pipeline.places.communicate import Communicator
 
 
 def all_logits(
-    executor: SequentialExecutor,
-    models: torch.Tensor,
-    data: FederatedData,
-    clients: list[int] | None = None,
+    executor: SequentialExecutor, models: torch.Tensor, data: FederatedData
 ) -> torch.Tensor:
-    """(R, N, classes) logits for every row here, or only for the rows of `clients` (zeros
-    elsewhere: a Flower server whose node is away); each distinct image goes through a model
+    """(R, N, classes) logits for every row here; each distinct image goes through a model
     once."""
     if not len(data.distinct):  # a place with no clients (more ranks than clients)
         return models.new_zeros((models.shape[0], 0, data.num_classes))
-    if clients is None or len(clients) == len(data.clients):
-        return executor.logits(models, data.images[data.distinct])[:, data.inverse]
-    rows = torch.cat(
-        [torch.arange(data.train_slices[c].start, data.test_slices[c].stop) for c in clients]
-    )
-    needed, position = torch.unique(data.inverse[rows], return_inverse=True)
-    part = executor.logits(models, data.images[data.distinct[needed]])
-    out = part.new_zeros((models.shape[0], data.inverse.numel(), part.shape[-1]))
-    out[:, rows] = part[:, position]
-    return out
+    return executor.logits(models, data.images[data.distinct])[:, data.inverse]
+
+
+def distinct_logits(
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    need: torch.Tensor,
+    block: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, D, classes) logits on the D distinct images wherever `need` (R, rows) asks for a
+    row's image, taking those `block` (an earlier pass's; NaN: not computed) has, and the
+    (R, D) mask of what was asked (`logits_where`)."""
+    inverse = data.inverse.cpu()
+    asked = torch.zeros(models.shape[0], data.distinct.numel(), dtype=torch.bool)
+    rows, samples = need.nonzero(as_tuple=True)
+    asked[rows, inverse[samples]] = True
+    if not len(data.distinct):
+        return models.new_zeros((models.shape[0], 0, data.num_classes)), asked
+    images, classes = data.images, data.num_classes
+    found = logits_where(executor, models, images, asked, classes, block, data.distinct)
+    return found, asked
+
+
+def scoring_need(
+    algorithm: Algorithm,
+    data: FederatedData,
+    omega: torch.Tensor,
+    own: dict[int, torch.Tensor],
+    clients: list[int],
+    cache: bool,
+) -> torch.Tensor:
+    """(R, rows): the rows' logits that scoring `clients` reads, each with the predictors its
+    ω weighs (`accuracies`; none for a client with its own models), and with `cache`, those the
+    next round's E-steps read on the participating clients' training rows (`Algorithm.reads`),
+    which the evaluation's logits serve."""
+    need = torch.zeros(algorithm.num_rows, data.inverse.numel(), dtype=torch.bool)
+    participating = set(data.participating)
+    for client in clients:
+        train, test = data.train_slices[client], data.test_slices[client]
+        if client not in own:
+            weights = omega[client]
+            chosen = {int(weights.argmax()), *(weights > 0).nonzero().flatten().tolist()}
+            rows = algorithm.combined_rows(tuple(sorted(chosen)))
+            need[list(rows), train.start : test.stop] = True
+        if cache and client in participating:
+            need[list(algorithm.reads(client)), train] = True
+    return need
 
 
 def personal_logits(
@@ -62,27 +98,31 @@ def score_clients(
     logits: torch.Tensor,
     data: FederatedData,
     omega: torch.Tensor,
-    hard: bool,
     own: dict[int, torch.Tensor],
     clients: list[int],
-) -> torch.Tensor:
-    """(all clients, 3) train and test accuracy of `clients` and a 1 that says it was scored
-    (zeros elsewhere), each predicting with its row of ω, or with its own models' logits on its
-    rows where `own` has them."""
-    table = torch.zeros((len(data.clients), 3), dtype=torch.float64)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (all clients, 3) tables, soft and hard: train and test accuracy of `clients` and a 1
+    that says it was scored (zeros elsewhere), each predicting with its row of ω, or with its
+    own models' logits on its rows where `own` has them (one model: weight 1). All clients in
+    one pass (`accuracies`)."""
+    tables = torch.zeros((2, len(data.clients), 3), dtype=torch.float64)
+    if not clients:
+        return tables[0], tables[1]
+    logits = logits.clone() if own else logits
+    spans, weights = [], []
     for client in clients:
         train, test = data.train_slices[client], data.test_slices[client]
-        mine = own.get(client)
-        for column, rows in enumerate((train, test)):
-            if mine is not None:
-                local = slice(rows.start - train.start, rows.stop - train.start)
-                weights = omega[client] if mine.shape[0] == omega.shape[1] else torch.ones(1)
-                pred = predictions(mine[:, local], weights, hard)
-            else:
-                pred = predictions(logits[:, rows], omega[client], hard)
-            table[client, column] = float((pred == data.labels[rows]).float().mean())
-        table[client, 2] = 1.0
-    return table
+        mine, chosen = own.get(client), omega[client]
+        if mine is not None:
+            logits[: mine.shape[0], train.start : test.stop] = mine
+            if mine.shape[0] != omega.shape[1]:
+                chosen = one_hot(0, omega.shape[1])
+        spans += [(train.start, train.stop), (test.start, test.stop)]
+        weights += [chosen, chosen]
+    values = accuracies(logits, data.labels, spans, torch.stack(weights))
+    tables[:, clients, 0], tables[:, clients, 1] = values[:, 0::2], values[:, 1::2]
+    tables[:, clients, 2] = 1.0
+    return tables[0], tables[1]
 
 
 def summarize(
@@ -167,21 +207,53 @@ def evaluate_round(
     groups: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor | None, bool]:
     """Held-out E-steps, then soft and hard accuracies of every client, each scored by its
-    own place (`groups`: see `summarize`). Also returns the raw logits (R, N, classes) of every
-    model row on this place's rows (`kept_logits`), and whether every logit was finite."""
+    own place (`score_round`, the held-out fit: `fit_held_out`)."""
+
+    def fit(logits: torch.Tensor, held: list[int]) -> None:
+        fit_held_out(algorithm, logits, data, comm, held)
+
+    return score_round(algorithm, executor, models, data, comm, fit, groups)
+
+
+HeldOutFit = Callable[[torch.Tensor, list[int]], None]  # (K, rows, classes) logits, held-out
+
+
+def score_round(
+    algorithm: Algorithm,
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    comm: Communicator,
+    fit: HeldOutFit,
+    groups: dict[str, list[int]] | None = None,
+) -> tuple[dict[str, Any], torch.Tensor | None, bool]:
+    """The held-out clients present fit their ω (`fit`, on their K predictors' logits on every
+    model), then every client of this place is scored (`score_clients`; `groups`: see
+    `summarize`), in two passes of only the logits they read (`scoring_need`). Returns the
+    scores, the raw logits (R, rows, classes) of this place (`kept_logits`; NaN where none was
+    needed) and whether every logit computed was finite."""
     present = comm.present(list(range(len(data.clients))))  # asked once: one answer throughout
     mine = [c for c in present if comm.owns(c)]
-    raw = all_logits(executor, models, data, mine)
-    logits = algorithm.combine_logits(raw)
     here = set(present)
-    fit_held_out(algorithm, logits, data, comm, [h for h in data.held_out if h in here])
+    held = [h for h in data.held_out if h in here]
+    need = torch.zeros(algorithm.num_rows, data.inverse.numel(), dtype=torch.bool)
+    for h in held:
+        if comm.owns(h):
+            need[:, data.train_slices[h].start : data.test_slices[h].stop] = True
+    block, _ = distinct_logits(executor, models, data, need)
+    fit(algorithm.combine_logits(block[:, data.inverse]), held)
     omega = algorithm.omega_table()
     own = personal_logits(algorithm, executor, data, mine)
-    tables = [score_clients(logits, data, omega, hard, own, mine) for hard in (False, True)]
-    comm.sum(tables)
+    cache = len(present) == len(data.clients)
+    need |= scoring_need(algorithm, data, omega, own, mine, cache)
+    block, asked = distinct_logits(executor, models, data, need, block)
+    raw = block[:, data.inverse]
+    tables = score_clients(algorithm.combine_logits(raw), data, omega, own, mine)
+    comm.sum(list(tables))
     soft, hard = (summarize(data, t, groups) for t in tables)
     scores = {**soft, **{f"hard_{k}": v for k, v in hard.items()}}
-    return scores, kept_logits(raw, present, data), bool(torch.isfinite(raw).all())
+    finite = bool(torch.isfinite(block[asked.to(block.device)]).all())
+    return scores, kept_logits(raw, present, data), finite
 
 
 def kept_logits(raw: torch.Tensor, present: list[int], data: FederatedData) -> torch.Tensor | None:

@@ -23,10 +23,11 @@ from flwr.app import RecordDict
 
 from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.client import Memory, client_accuracy
+from pipeline.algorithms.client import Memory, accuracies
 from pipeline.common.errors import FedrcError
 from pipeline.data.shards import load_federated, read_manifest
 from pipeline.engine import SequentialExecutor
+from pipeline.engine.inference import logits_where, rows_mask
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.flower import wire
 from pipeline.flower.appconfig import train_config_from_json
@@ -141,7 +142,8 @@ def answer_steps(
         for client, step, rows, seed in clients:
             local = node.rows(rows)
             images, labels = data.images[local].to(device), data.labels[local].to(device)
-            raw = executor.logits(models, images)
+            read = rows_mask(len(models), len(labels), step.reads(algorithm.num_models))
+            raw = logits_where(executor, models, images, read, data.num_classes)  # what it reads
             yield from client_jobs(step, client, raw, images, labels, seed, work)
 
     try:
@@ -178,7 +180,8 @@ def answer_scores(
             omega = omegas[job.client] = held_out_omega(
                 job.step, predictors[:, : job.train], labels[: job.train]
             )
-        accuracy[job.client] = client_accuracy(predictors, labels, job.train, omega)
+        spans = [(0, job.train), (job.train, labels.numel())]
+        accuracy[job.client] = accuracies(predictors, labels, spans, omega.expand(2, -1))
     return wire.scores_reply(accuracy, omegas, finite)
 
 

@@ -3,11 +3,13 @@ the clients' data. `LocalClients` runs them here (one process, a torchrun rank);
 replaces it with one that sends each part to the node holding the client
 (`pipeline.flower.server.RemoteClients`): the same step, the same code, on the node's data.
 
-Per round, each client: logits of the model rows on its training rows → those of the K
-predictors (`Algorithm.combine_logits`: the first K rows) → per-sample losses → its step's
-E-step (γ stays here, the upload is kept for the server) → its local trainings, weighted by γ.
-In evaluation, each client: the K predictors' logits on all its rows → a held-out client's ω
-from its labelled part → its soft and hard accuracies on its training and test parts.
+Per round, each client: logits of the model rows its step reads (`ClientStep.reads`; none for
+a step whose cluster is chosen) on its training rows → those of the K predictors
+(`Algorithm.combine_logits`: the first K rows) → per-sample losses → its step's E-step (γ stays
+here, the upload is kept for the server) → its local trainings, weighted by γ. In evaluation:
+a held-out client's ω from the K predictors' logits on its labelled part, then every client's
+soft and hard accuracies on its training and test parts, from the predictors its ω weighs
+(`pipeline.evaluation.accuracy.score_round`).
 """
 
 from __future__ import annotations
@@ -16,21 +18,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.client import (
-    ClientStep,
-    Memory,
-    Upload,
-    client_accuracy,
-    per_sample_losses,
-)
+from pipeline.algorithms.client import ClientStep, Memory, Rows, Upload, per_sample_losses
 from pipeline.data.shards import FederatedData
 from pipeline.engine import SequentialExecutor
+from pipeline.engine.inference import logits_where
 from pipeline.engine.task import Job, LocalResult, LocalTask
-from pipeline.evaluation.accuracy import all_logits, kept_logits, summarize
+from pipeline.evaluation.accuracy import score_round, summarize
 from pipeline.places.communicate import Communicator
 
 
@@ -98,17 +94,8 @@ class LocalClients:
     def jobs(self, work: ClientWork) -> Iterator[Job]:
         data = work.data
         covered = list(work.steps) if work.covered is None else work.covered
-        spans = [data.train_slices[c] for c in covered]
-        index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
-        index = index.to(data.labels.device)
-        # after an evaluation round the logits of these models on these samples are known
-        block = (
-            self.executor.logits(work.models, data.images[index])
-            if work.cached is None
-            else work.cached[:, index]
-        )
-        ends = np.cumsum([s.stop - s.start for s in spans]).tolist()
-        parts = {c: slice(end - (s.stop - s.start), end) for c, s, end in zip(covered, spans, ends)}
+        reads = {c: step.reads(work.predictors) for c, step in work.steps.items()}
+        block, parts = train_logits(self.executor, work.models, data, covered, reads, work.cached)
         for client, step in work.steps.items():
             rows = data.train_slices[client]
             images, labels = data.images[rows], data.labels[rows]
@@ -127,26 +114,43 @@ class LocalClients:
         from its step, then each client's accuracies, both where its data is. Returns the
         scores, the logits of this place's rows (None where they stay on the nodes or a client
         was absent) and whether every logit was finite."""
-        present = comm.present(list(range(len(data.clients))))
-        mine = [c for c in present if comm.owns(c)]
-        raw = all_logits(self.executor, models, data, mine)
-        predictors = algorithm.combine_logits(raw)
-        omegas = {}
-        for h in data.held_out:
-            if h in mine:
-                rows = data.train_slices[h]
-                step = algorithm.client_step(h)
-                omegas[h] = held_out_omega(step, predictors[:, rows], data.labels[rows])
-        receive_held_out(algorithm, comm, omegas)
-        omega = algorithm.omega_table()
-        accuracy = {}
-        for c in mine:
-            train, test = data.train_slices[c], data.test_slices[c]
-            rows = slice(train.start, test.stop)
-            size = train.stop - train.start
-            accuracy[c] = client_accuracy(predictors[:, rows], data.labels[rows], size, omega[c])
-        scores = score_tables(data, comm, accuracy, groups)
-        return scores, kept_logits(raw, present, data), bool(torch.isfinite(raw).all())
+
+        def fit(predictors: torch.Tensor, held: list[int]) -> None:
+            omegas = {}
+            for h in held:
+                if comm.owns(h):
+                    rows = data.train_slices[h]
+                    step = algorithm.client_step(h)
+                    omegas[h] = held_out_omega(step, predictors[:, rows], data.labels[rows])
+            receive_held_out(algorithm, comm, omegas)
+
+        return score_round(algorithm, self.executor, models, data, comm, fit, groups)
+
+
+def train_logits(
+    executor: SequentialExecutor,
+    models: torch.Tensor,
+    data: FederatedData,
+    clients: list[int],
+    reads: dict[int, Rows],
+    cached: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[int, slice]]:
+    """(R, n, classes) logits on the training rows of `clients`, one after another in one
+    block (not a tensor per client allocated between large activations, which fragments the
+    heap), computed only for the rows each client's E-step reads (`reads`; a client not in it:
+    none) and not already in `cached` (R, rows, classes: an evaluation's logits of these
+    models; NaN where not computed); NaN elsewhere. Also each client's slice of the block."""
+    spans = [data.train_slices[c] for c in clients]
+    index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
+    index = index.to(data.labels.device)
+    need = torch.zeros(models.shape[0], index.numel(), dtype=torch.bool)
+    parts, end = {}, 0
+    for client, span in zip(clients, spans):
+        parts[client] = slice(end, end + span.stop - span.start)
+        need[list(reads.get(client, ())), parts[client]] = True
+        end = parts[client].stop
+    known = None if cached is None else cached[:, index]
+    return logits_where(executor, models, data.images, need, data.num_classes, known, index), parts
 
 
 def receive_held_out(algorithm: Algorithm, comm: Communicator, omegas: dict[int, Any]) -> None:

@@ -447,7 +447,7 @@ class RunState:
     algorithm: dict[str, Any]
     eval_rounds: list[int]
     omega_history: list[torch.Tensor]
-    cached_logits: torch.Tensor | None
+    cached_logits: torch.Tensor | None  # NaN where the evaluation did not compute a logit
     rng: torch.Tensor | None = None  # torch's CPU generator (dropout); None before format 2
     momentum_present: torch.Tensor | None = None
     legacy_momentum: dict[int, dict[int, torch.Tensor]] | None = None
@@ -511,8 +511,9 @@ class RunState:
             path, self.eval_rounds, self.omega_history, self.round, expect.omega
         )
         if self.cached_logits is not None and expect.logits is not None:
-            what = " (rows × samples × classes)"
-            check_tensor(path, "cached_logits", self.cached_logits, expect.logits, what)
+            what = " (rows × samples × classes)"  # NaN: not computed, a non-finite one recomputed
+            logits = self.cached_logits
+            check_tensor(path, "cached_logits", logits, expect.logits, what, finite=False)
         if self.rng is not None:
             rng = torch.get_rng_state()
             check_tensor(path, "rng", self.rng, rng.shape, " (torch's RNG state)", False)

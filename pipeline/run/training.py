@@ -40,7 +40,7 @@ from pipeline.evaluation.accuracy import evaluate_round, per_sample_losses
 from pipeline.places import distributed
 from pipeline.places.communicate import Communicator
 from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_run
-from pipeline.run.clients import ClientWork, LocalClients
+from pipeline.run.clients import ClientWork, LocalClients, train_logits
 from pipeline.run.folder import open_run_dir
 from pipeline.run.log import RunLog
 from pipeline.run.setup import (
@@ -202,26 +202,21 @@ def estep_inputs(
 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict[int, torch.Tensor]]:
     """Each client's raw logits (R, N_i, classes) under the received models, its E-step
     losses (N_i, K) and, for an algorithm that wants them (`predicts`), its predictions (N_i, K;
-    else none), from one pass over all the clients' rows: one block, not a tensor per client
-    allocated between large activations (which fragments the heap)."""
-    data = run.data
-    spans = [data.train_slices[c] for c in clients]
-    index = torch.cat([torch.arange(s.start, s.stop) for s in spans] or [torch.zeros(0).long()])
-    index = index.to(data.labels.device)
-    # After an evaluation round the logits of these models on these samples are known.
-    fresh = cached is None
-    block = run.executor.logits(run.models, data.images[index]) if fresh else cached[:, index]
-    combined = run.algorithm.combine_logits(block)
-    losses = per_sample_losses(combined, data.labels[index])
-    ends = np.cumsum([s.stop - s.start for s in spans]).tolist()
-    parts = [slice(end - (s.stop - s.start), end) for s, end in zip(spans, ends)]
+    else none), from one pass over the rows the algorithm reads of each client
+    (`Algorithm.reads`; NaN elsewhere, `train_logits`)."""
+    data, algorithm = run.data, run.algorithm
+    reads = {c: algorithm.reads(c) for c in clients}
+    block, parts = train_logits(run.executor, run.models, data, clients, reads, cached)
+    combined = algorithm.combine_logits(block)
+    labels = torch.cat([data.labels[data.train_slices[c]] for c in clients] or [data.labels[:0]])
+    losses = per_sample_losses(combined, labels)
     guesses = {}
-    if run.algorithm.predicts:
+    if algorithm.predicts:
         predicted = sample_predictions(combined)
-        guesses = {c: predicted[part] for c, part in zip(clients, parts)}
+        guesses = {c: predicted[parts[c]] for c in clients}
     return (
-        {c: block[:, part] for c, part in zip(clients, parts)},
-        {c: losses[part] for c, part in zip(clients, parts)},
+        {c: block[:, parts[c]] for c in clients},
+        {c: losses[parts[c]] for c in clients},
         guesses,
     )
 
