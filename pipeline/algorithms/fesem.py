@@ -30,7 +30,7 @@ class FeSEM(HardClustering):
     def init_state(self) -> None:
         super().init_state()
         self.cluster = torch.full((self.num_clients,), -1, dtype=torch.long)
-        self._centres: torch.Tensor | None = None
+        self._centres: torch.Tensor | None = None  # the round's θ_k in float64, for distances
         self._moved: torch.Tensor | None = None  # (clients,): 1 + the new cluster, 0: not moved
 
     def client_step(self, client: int) -> ClusterStep:
@@ -42,11 +42,11 @@ class FeSEM(HardClustering):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._centres = models
+        self._centres = models.double()  # once a round, not K × model converted at each fold
         self._moved = torch.zeros(self.num_clients, dtype=torch.float64, device=models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
-        distances = torch.cdist(result.params[None].double(), self._centres.double())[0]
+        distances = torch.cdist(result.params[None].double(), self._centres)[0]
         k = int(distances.argmin())
         self._moved[client] = k + 1
         self.sums[k] += task.weight * result.params
