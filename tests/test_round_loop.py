@@ -136,6 +136,46 @@ def test_row_store_keeps_rows_on_disk_and_returns_them_by_key() -> None:
     many.close()
 
 
+def test_a_row_store_in_memory_reads_as_one_on_disk() -> None:
+    """The same rows, by key, in blocks and handed over one by one (`items`: the memory store
+    lets go of them)."""
+    stores = [RowStore(2), RowStore(2, CPU)]
+    for store in stores:
+        for key in (BLOCK + 2, *range(BLOCK + 1)):
+            store.add(key, torch.full((2,), float(key)))
+        store.add(3, torch.tensor([7.0, 8.0]))
+    disk, memory = stores
+    assert memory.stored_keys() == disk.stored_keys() and len(memory) == len(disk)
+    torch.testing.assert_close(memory.get(3), disk.get(3), rtol=0, atol=0)
+    for (keys, rows), (same, also) in zip(memory.blocks(), disk.blocks(), strict=True):
+        assert keys == same and torch.equal(rows, also)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(memory.items(), disk.items(), strict=True))
+    assert len(memory) == 0  # handed over
+    with pytest.raises(ValueError, match="shape"):
+        memory.add(0, torch.zeros(3))
+    for store in stores:
+        store.close()
+
+
+def test_fedsoft_s_personal_models_in_memory_train_as_on_disk(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedSoft keeps a round's new personal models in memory where they fit (`room_for`): the
+    same models and personal models, to the bit, as through the file."""
+    import pipeline.algorithms.fedsoft as fedsoft
+
+    states = []
+    for where in (None, CPU):
+        monkeypatch.setattr(fedsoft, "room_for", lambda nbytes, device, where=where: where)
+        run = train_stage(tiny_config(tiny_data, tmp_path / str(where), algorithm="fedsoft"))
+        states.append(rf.load_state(run / rf.MODEL))
+    disk, memory = states
+    assert torch.equal(memory["models"], disk["models"])
+    personal = disk["algorithm"]["personal"]
+    assert personal.keys() == memory["algorithm"]["personal"].keys() and personal
+    assert all(torch.equal(memory["algorithm"]["personal"][c], personal[c]) for c in personal)
+
+
 def test_cfl_keeps_no_update_once_no_split_is_possible() -> None:
     config = make_config(algorithm="cfl", clusters=2, cfl_eps1=10.0, cfl_eps2=0.01)
     algo = build_algorithm(config, 4, 3)

@@ -9,8 +9,12 @@ Local accuracy uses the personal models; a held-out client takes the cluster wit
 loss (the FedRC port picks the largest loss and scores held-out clients with cluster 0: bugs).
 
 Memory: the personal models are state, one model per client that has trained (clients × model,
-in memory on every place); a round's new personal models pass through a `RowStore` on disk, so
-the round itself adds only K × model.
+in memory on every place, on the device that trains). A round's new personal models are kept
+in memory there too (a `RowStore` on that device) while every client's new model takes at
+most a quarter of its free memory (`room_for`), else in a `RowStore` on disk, so that the round
+itself adds only K × model. That trip (each client's model written to a file and read back,
+and on a GPU copied to the host and back) is no part of FedSoft's arithmetic
+(docs/performance.md, each method's round against its own work).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.settings import FedSoftSettings
-from pipeline.engine.rows import RowStore
+from pipeline.engine.rows import RowStore, room_for
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask
 
 FLOOR = 1e-4
@@ -61,20 +65,23 @@ class FedSoft(Algorithm):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._trained = RowStore(models.shape[1])
+        every = 4 * models.shape[1] * self.num_clients  # bytes of every client's new model
+        self._trained = RowStore(models.shape[1], room_for(every, models.device))
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
+        """Σ_i u_ik w_i and Σ_i u_ik, model by model (no (K, P) temporaries)."""
         u = self.omega[client].to(self.sums)
         self._trained.add(client, result.params)
-        self.sums += u[:, None] * result.params.double()[None]
+        params = result.params.double()
+        for k in range(self.num_models):
+            self.sums[k] += u[k] * params
         self.totals += u
 
     def shared_rows(self) -> RowStore:
         return self._trained
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
-        for clients, rows in self._trained.blocks():
-            self.personal.update({c: row.clone() for c, row in zip(clients, rows)})
+        self.personal.update(self._trained.items())
         self._trained.close()
         return super().aggregate(models)
 

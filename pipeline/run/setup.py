@@ -7,7 +7,6 @@ bookkeeping. Building a run draws the K initial models from the run's seed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
+from pipeline.engine.rows import available_memory
 from pipeline.models import build_model
 from pipeline.models.layout import head_range
 from pipeline.places.communicate import Communicator
@@ -88,23 +88,6 @@ def initial_models(
 # their float64 sums, and the float32 copies the round and its checkpoint make. Measured on the
 # CPU (`fedrc train`, K = 400): 22 bytes for IFCA, 37 for FedRC, 41 for FedEM.
 BYTES_PER_PARAMETER = 24
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for this process's models on `device` (the host's memory is shared by the
-    processes torchrun started on it), or None where it is not known."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            free = next(
-                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
-            )
-    except (OSError, StopIteration, ValueError):
-        return None
-    return free // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def check_models_fit(k: int, params: int, device: torch.device) -> None:
