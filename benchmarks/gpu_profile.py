@@ -62,8 +62,9 @@ INNER = {  # methods of the run's parts, inside the phases above
     ("algorithm", "e_step"): "one client's E-step from its losses",
     ("algorithm", "fold"): "one local result added to the sums",
     ("algorithm", "aggregate"): "the server's aggregation (a phase of its own)",
-    ("momentum", "attach"): "a task's momentum buffer fetched",
-    ("momentum", "keep"): "a task's momentum buffer stored",
+    ("momentum", "attach"): "a task's momentum buffer handed over (a view)",
+    ("momentum", "keep"): "a task's trained momentum buffer kept for its chunk's write",
+    ("momentum", "flush"): "a chunk's momentum buffers written at once",
 }
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

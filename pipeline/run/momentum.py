@@ -15,7 +15,11 @@ more with larger models. Where the buffers live:
   not fit on that disk is refused with one line giving the size, before the first round.
 
 Both are one (clients, rows, trainable) float32 tensor, so the rest of the code does not ask
-which. Under torchrun every rank keeps the buffers of its own clients (`Communicator.owns`); a
+which. A task gets a view of its buffer, which the executor copies when its training starts
+(it never writes into it); the trained buffers are written back a chunk at a time, in one
+indexed write when the next chunk's tasks ask for theirs or the round's training ends
+(`flush`), not one copy per task (900 copies each way a paper-scale round on the H200).
+Under torchrun every rank keeps the buffers of its own clients (`Communicator.owns`); a
 checkpoint gathers them into one snapshot file that any number of ranks can resume from.
 """
 
@@ -65,6 +69,8 @@ class MomentumStore:
         self.present = torch.zeros(len(clients), rows, dtype=torch.bool)  # buffers that exist
         self.path: Path | None = None
         self._buffers: torch.Tensor | None = None
+        self._zero: torch.Tensor | None = None  # the buffer of a task seen the first time
+        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (slot, row, buffer) to write
         if folder is not None:
             self._mine = {c for c in clients if comm.owns(c)}
             self._open(folder, device or torch.device("cpu"))
@@ -105,19 +111,39 @@ class MomentumStore:
             self._buffers = torch.from_numpy(memmap)
 
     def attach(self, task: LocalTask, device: torch.device) -> None:
-        """Give `task` a copy of its client's buffer for its row (zeros the first time)."""
+        """Give `task` its client's buffer for its row, to read only (zeros the first time):
+        a view of the store's (the executor copies it to `device`)."""
         if self.enabled:
+            self.flush()
             at = (self.slot[task.client], task.model)
             if self.present[at]:
-                task.momentum = self._buffers[at].to(device, copy=True)
+                task.momentum = self._buffers[at]
             else:
-                task.momentum = torch.zeros(self.size, device=device)
+                if self._zero is None:  # one for every such task: nobody writes into it
+                    self._zero = torch.zeros(self.size, device=device)
+                task.momentum = self._zero
 
     def keep(self, task: LocalTask, result: LocalResult) -> None:
+        """The trained buffer of `task`, written with its chunk's (`flush`)."""
         if self.enabled and result.momentum is not None:
             at = (self.slot[task.client], task.model)
-            self._buffers[at].copy_(result.momentum.detach())
+            self._pending.append((*at, result.momentum.detach()))
             self.present[at] = True
+
+    def flush(self) -> None:
+        """Write the buffers kept since the last flush: one indexed write in memory (a GPU's),
+        a copy each into the live file's pages."""
+        pending, self._pending = self._pending, []
+        if not pending or self._buffers is None:
+            return
+        if not self.in_memory:
+            for slot, row, buffer in pending:
+                self._buffers[slot, row].copy_(buffer)
+            return
+        device = self._buffers.device
+        slots = torch.tensor([p[0] for p in pending], device=device)
+        rows = torch.tensor([p[1] for p in pending], device=device)
+        self._buffers[slots, rows] = torch.stack([p[2].to(device) for p in pending])
 
     # --- checkpoints ----------------------------------------------------------------------
     def _own_rows(self) -> Iterator[tuple[int, Callable[[], torch.Tensor]]]:
@@ -131,6 +157,7 @@ class MomentumStore:
     def save(self, path: Path) -> torch.Tensor:
         """Every place's buffers into one .npy at `path` (written by the main place, renamed
         into place when complete); returns the (clients, rows) mask of buffers it holds."""
+        self.flush()
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         snapshot = None
         if self.comm.is_main:
@@ -177,6 +204,7 @@ class MomentumStore:
                 self.present[at] = True
 
     def close(self) -> None:
+        self._pending = []
         self._buffers = None
         if self.path is not None:
             self.path.unlink(missing_ok=True)

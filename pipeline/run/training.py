@@ -268,6 +268,7 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
             f"round {round_}, client {task.client}, model {task.model}: {e} — training "
             f"diverged; lower --lr (now {run.config.lr})"
         )
+    run.momentum.flush()  # the last chunk's buffers
     failed = next((e for e in run.comm.all_gather_object(error) if e is not None), None)
     if failed is not None:
         raise FedrcError(failed)
