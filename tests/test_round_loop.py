@@ -157,22 +157,34 @@ def test_a_row_store_in_memory_reads_as_one_on_disk() -> None:
         store.close()
 
 
-def test_fedsoft_s_personal_models_in_memory_train_as_on_disk(
-    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("fedsoft", {}),  # every client's personal model
+        ("cfl", {"cfl_eps1": 10.0, "cfl_eps2": 0.01}),  # the updates, split by their cosines
+        ("fesem-cam", {"warmup_rounds": 1}),  # K-means over the clients' models
+        ("stocfl", {}),  # each new client's ψ
+        ("cfl-gp", {}),  # the profiles
+        ("fedccfa", {}),  # classifiers and prototypes
+    ],
+)
+def test_a_round_s_rows_in_memory_train_as_on_disk(
+    algorithm: str, extra: dict, tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FedSoft keeps a round's new personal models in memory where they fit (`room_for`): the
-    same models and personal models, to the bit, as through the file."""
-    import pipeline.algorithms.fedsoft as fedsoft
+    """A round keeps its per-client rows in memory where they fit (`client_rows`): the same
+    models and state, to the bit, as through the file."""
+    import pipeline.engine.rows as rows_module
 
     states = []
     for where in (None, CPU):
-        monkeypatch.setattr(fedsoft, "room_for", lambda nbytes, device, where=where: where)
-        run = train_stage(tiny_config(tiny_data, tmp_path / str(where), algorithm="fedsoft"))
+        monkeypatch.setattr(rows_module, "room_for", lambda nbytes, device, where=where: where)
+        out = tmp_path / str(where)
+        run = train_stage(tiny_config(tiny_data, out, algorithm=algorithm, **extra))
         states.append(rf.load_state(run / rf.MODEL))
     disk, memory = states
     assert torch.equal(memory["models"], disk["models"])
-    personal = disk["algorithm"]["personal"]
-    assert personal.keys() == memory["algorithm"]["personal"].keys() and personal
+    assert torch.equal(memory["omega"], disk["omega"])
+    personal = disk["algorithm"].get("personal", {})
     assert all(torch.equal(memory["algorithm"]["personal"][c], personal[c]) for c in personal)
 
 

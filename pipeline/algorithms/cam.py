@@ -27,7 +27,7 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm, hard_gamma, one_hot
 from pipeline.algorithms.client import Rows
-from pipeline.engine.rows import RowStore
+from pipeline.engine.rows import RowStore, client_rows
 from pipeline.engine.task import LocalResult, LocalTask
 
 LLOYD_ITERATIONS = 10
@@ -126,7 +126,8 @@ class IFCACAM(Algorithm):
 @described("fesem-cam")
 class FeSEMCAM(IFCACAM):
     """Memory: K-means needs every sampled client's cluster-side model at once; they wait in
-    a `RowStore` on disk (one row per client), and Lloyd's iterations scan it in blocks."""
+    a `RowStore` (`client_rows`: in memory where they fit, else on disk), and Lloyd's
+    iterations scan it in blocks."""
 
     def init_state(self) -> None:
         super().init_state()
@@ -152,7 +153,7 @@ class FeSEMCAM(IFCACAM):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._trained = RowStore(models.shape[1])
+        self._trained = client_rows(models.shape[1], self.num_clients, models.device)
         self._weight = torch.zeros(self.num_clients, dtype=torch.float64, device=models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:

@@ -40,7 +40,7 @@ from pipeline.algorithms.client import (
 )
 from pipeline.algorithms.settings import CFLSettings
 from pipeline.common.settings import Settings
-from pipeline.engine.rows import BLOCK, RowStore
+from pipeline.engine.rows import BLOCK, RowStore, client_rows
 from pipeline.engine.task import LocalResult, LocalTask
 
 
@@ -98,8 +98,8 @@ class CFLStep(HardStep):
 @described("cfl")
 class CFL(HardClustering):
     """Memory: the round's sums (K × model) and, while a split is still possible (fewer than
-    `max_clusters` clusters), every sampled client's update Δ_i in a `RowStore` on disk: the
-    split needs all pairwise cosines of a cluster's updates and the mean update of each half.
+    `max_clusters` clusters), every sampled client's update Δ_i in a `RowStore` (`client_rows`):
+    the split needs all pairwise cosines of a cluster's updates and the mean update of each half.
     Once the cap is reached nothing per client is kept beyond its norm."""
 
     settings: CFLSettings
@@ -147,7 +147,8 @@ class CFL(HardClustering):
         self._member = torch.zeros(self.num_clients, **per_client)
         self._weight = torch.zeros(self.num_clients, **per_client)
         self._norm = torch.zeros(self.num_clients, **per_client)
-        self._updates = RowStore(models.shape[1]) if self.can_split else None
+        width, clients = models.shape[1], self.num_clients
+        self._updates = client_rows(width, clients, models.device) if self.can_split else None
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         update = result.params - self._start[task.model]

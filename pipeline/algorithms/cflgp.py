@@ -61,7 +61,7 @@ from pipeline.algorithms.client import (
     one_hot,
 )
 from pipeline.algorithms.settings import CFLGPSettings
-from pipeline.engine.rows import RowStore
+from pipeline.engine.rows import RowStore, client_rows
 from pipeline.engine.task import LocalResult, LocalTask
 
 RESTARTS = 10  # k-means++ starts; the clustering with the least inertia is kept
@@ -152,8 +152,8 @@ class CFLGP(HardClustering):
     """Memory: each profiled client's column of G, K·P_c float32 numbers (P_c = the kept
     coordinates: with the FMNIST CNN's 2.17 M parameters, 1% and K = 3, 260 kB a client; the
     whole vector would be 26 MB), in the state and its checkpoint; in a clustering round also
-    the sampled clients' profile rows (P_c each) in a `RowStore` on disk, and the clients' Gram
-    matrix."""
+    the sampled clients' profile rows (P_c each) in a `RowStore` (`client_rows`), and the
+    clients' Gram matrix."""
 
     settings: CFLGPSettings
     Step = CFLGPStep
@@ -207,7 +207,10 @@ class CFLGP(HardClustering):
             generator = torch.Generator().manual_seed(self.config.seed)
             self._coords = torch.randperm(width, generator=generator)[:kept].sort().values
         self._coords = self._coords.to(models.device)
-        self._probes = RowStore(len(self._coords)) if self.clustering else None
+        width = len(self._coords)
+        self._probes = (
+            client_rows(width, self.num_clients, models.device) if self.clustering else None
+        )
         self._clustered = False
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:

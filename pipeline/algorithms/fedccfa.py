@@ -48,7 +48,7 @@ from pipeline.algorithms.settings import FedCCFASettings
 from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings
 from pipeline.data.concepts import parse_concept
-from pipeline.engine.rows import RowStore
+from pipeline.engine.rows import RowStore, client_rows
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask, Stage
 
 
@@ -267,7 +267,9 @@ class FedCCFA(Algorithm):
         if self.start_head is None:  # the server's classifier, which its code never updates
             self.start_head = models[0, self.head[0] : self.head[1]].to("cpu", torch.float32)
         width = self.head[1] - self.head[0]
-        self._rows = RowStore(2 * width + self.num_classes * self.dim)
+        self._rows = client_rows(
+            2 * width + self.num_classes * self.dim, self.num_clients, models.device
+        )
         self._balanced = {}
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:

@@ -61,7 +61,7 @@ from pipeline.algorithms.client import (
     one_hot,
 )
 from pipeline.algorithms.settings import StoCFLSettings
-from pipeline.engine.rows import RowStore
+from pipeline.engine.rows import RowStore, client_rows
 from pipeline.engine.task import LocalResult, LocalTask
 
 
@@ -187,7 +187,7 @@ class StoCFL(Algorithm):
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
         self._sampled, self._fresh, self._held = [], set(), {}
-        self._observed = RowStore(models.shape[1])
+        self._observed = client_rows(models.shape[1], self.num_clients, models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         if task.model == self.anchor_row:
