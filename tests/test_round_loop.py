@@ -171,13 +171,15 @@ def test_a_row_store_in_memory_reads_as_one_on_disk() -> None:
 def test_a_round_s_rows_in_memory_train_as_on_disk(
     algorithm: str, extra: dict, tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A round keeps its per-client rows in memory where they fit (`client_rows`): the same
-    models and state, to the bit, as through the file."""
+    """A round keeps its per-client rows in memory where they fit (`client_rows`; FedSoft's
+    on the training device): the same models and state, to the bit, as through the file."""
+    import pipeline.algorithms.fedsoft as fedsoft
     import pipeline.engine.rows as rows_module
 
     states = []
     for where in (None, CPU):
-        monkeypatch.setattr(rows_module, "room_for", lambda nbytes, device, where=where: where)
+        for module in (rows_module, fedsoft):
+            monkeypatch.setattr(module, "room_for", lambda nbytes, device, where=where: where)
         out = tmp_path / str(where)
         run = train_stage(tiny_config(tiny_data, out, algorithm=algorithm, **extra))
         states.append(rf.load_state(run / rf.MODEL))

@@ -65,8 +65,8 @@ the round's aggregates live from `begin_round` to `aggregate` only (attributes n
 checkpoint that leaves state out is one warning (`pipeline.algorithms.state`). A
 `fold` must only add to `contributions()` or write `shared_rows()`: per-client facts that other
 places need (FeSEM's new cluster of a client) travel as rows of a summed (clients,) tensor.
-Memory per round is K × model for the sums, plus whatever `shared_rows` keeps (in memory
-where a row per client fits in a quarter of the free memory, else on disk: `client_rows`).
+Memory per round is K × model for the sums, plus whatever `shared_rows` keeps (in the host's
+memory where a row per client fits in a quarter of what is free, else on disk: `client_rows`).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ class FeSEMCAM(IFCACAM):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._trained = client_rows(models.shape[1], self.num_clients, models.device)
+        self._trained = client_rows(models.shape[1], self.num_clients)
         self._weight = torch.zeros(self.num_clients, dtype=torch.float64, device=models.device)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
@@ -177,19 +177,15 @@ class FeSEMCAM(IFCACAM):
             return new
         weights = self._weight[clients].cpu()
         centres = models[: self.num_models].double().cpu()
+        labels = None
         for _ in range(LLOYD_ITERATIONS):
-            labels = self.nearest(clients, centres)
-            sums = torch.zeros_like(centres)
-            mass = torch.zeros(self.num_models, dtype=torch.float64)
-            done = 0
-            for keys, rows in self._trained.blocks(clients):
-                at = slice(done, done + len(keys))
-                done += len(keys)
-                mine, w = labels[at], weights[at]
-                sums.index_add_(0, mine, w[:, None] * rows.double())
-                mass.index_add_(0, mine, w)
+            found, sums, mass = self.lloyd_pass(clients, centres, weights)
             filled = mass > 0  # an empty cluster stays frozen
             centres[filled] = sums[filled] / mass[filled, None]
+            settled = labels is not None and torch.equal(found, labels)
+            labels = found
+            if settled:  # the same members give the same centres: every later pass repeats it
+                break
         for i, k in zip(clients, labels.tolist()):
             self.cluster[i] = k
             self.omega[i] = one_hot(k, self.num_models)
@@ -197,10 +193,19 @@ class FeSEMCAM(IFCACAM):
         new[: self.num_models] = centres.to(models)
         return new
 
-    def nearest(self, clients: list[int], centres: torch.Tensor) -> torch.Tensor:
-        """Each stored model's nearest centre (Euclidean), block by block."""
-        parts = [
-            torch.cdist(rows.double(), centres).argmin(1)
-            for _, rows in self._trained.blocks(clients)
-        ]
-        return torch.cat(parts)
+    def lloyd_pass(
+        self, clients: list[int], centres: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One of Lloyd's iterations in one scan of the stored models, block by block: each
+        one's nearest centre (Euclidean), and each cluster's weighted sum and mass."""
+        sums = torch.zeros_like(centres)
+        mass = torch.zeros(self.num_models, dtype=torch.float64)
+        labels, done = [], 0
+        for keys, rows in self._trained.blocks(clients):
+            rows, w = rows.double(), weights[done : done + len(keys)]
+            done += len(keys)
+            mine = torch.cdist(rows, centres).argmin(1)
+            sums.index_add_(0, mine, w[:, None] * rows)
+            mass.index_add_(0, mine, w)
+            labels.append(mine)
+        return torch.cat(labels), sums, mass

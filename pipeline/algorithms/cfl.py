@@ -148,7 +148,7 @@ class CFL(HardClustering):
         self._weight = torch.zeros(self.num_clients, **per_client)
         self._norm = torch.zeros(self.num_clients, **per_client)
         width, clients = models.shape[1], self.num_clients
-        self._updates = client_rows(width, clients, models.device) if self.can_split else None
+        self._updates = client_rows(width, clients) if self.can_split else None
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         update = result.params - self._start[task.model]

@@ -208,9 +208,7 @@ class CFLGP(HardClustering):
             self._coords = torch.randperm(width, generator=generator)[:kept].sort().values
         self._coords = self._coords.to(models.device)
         width = len(self._coords)
-        self._probes = (
-            client_rows(width, self.num_clients, models.device) if self.clustering else None
-        )
+        self._probes = client_rows(width, self.num_clients) if self.clustering else None
         self._clustered = False
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:

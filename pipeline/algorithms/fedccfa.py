@@ -267,9 +267,7 @@ class FedCCFA(Algorithm):
         if self.start_head is None:  # the server's classifier, which its code never updates
             self.start_head = models[0, self.head[0] : self.head[1]].to("cpu", torch.float32)
         width = self.head[1] - self.head[0]
-        self._rows = client_rows(
-            2 * width + self.num_classes * self.dim, self.num_clients, models.device
-        )
+        self._rows = client_rows(2 * width + self.num_classes * self.dim, self.num_clients)
         self._balanced = {}
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:

@@ -11,7 +11,7 @@ loss (the FedRC port picks the largest loss and scores held-out clients with clu
 Memory: the personal models are state, one model per client that has trained (clients × model,
 in memory on every place, on the device that trains). A round's new personal models are kept
 in memory there too while every client's new model takes at most a quarter of its free memory
-(`client_rows`), else in a `RowStore` on disk, so that the round itself adds only K × model.
+(`room_for`), else in a `RowStore` on disk, so that the round itself adds only K × model.
 The trip through the file (each client's model written and read back, and on a GPU copied to
 the host and back) is no part of FedSoft's arithmetic (docs/performance.md, each method's
 round against its own work).
@@ -26,7 +26,7 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.settings import FedSoftSettings
-from pipeline.engine.rows import RowStore, client_rows
+from pipeline.engine.rows import RowStore, room_for
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask
 
 FLOOR = 1e-4
@@ -65,7 +65,8 @@ class FedSoft(Algorithm):
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
-        self._trained = client_rows(models.shape[1], self.num_clients, models.device)
+        every = 4 * models.shape[1] * self.num_clients  # bytes: every client's new model
+        self._trained = RowStore(models.shape[1], room_for(every, models.device))
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         """Σ_i u_ik w_i and Σ_i u_ik, model by model (no (K, P) temporaries)."""

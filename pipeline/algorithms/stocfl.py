@@ -187,7 +187,7 @@ class StoCFL(Algorithm):
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
         self._sampled, self._fresh, self._held = [], set(), {}
-        self._observed = client_rows(models.shape[1], self.num_clients, models.device)
+        self._observed = client_rows(models.shape[1], self.num_clients)
 
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         if task.model == self.anchor_row:

@@ -10,10 +10,11 @@ memory stays one model; the operating system's page cache decides what stays in 
 The scratch file lives in the system's temporary folder (set `TMPDIR` to move it) and is
 deleted when the store is closed or garbage collected.
 
-The file is for when memory is short: a round's store keeps its rows in memory, on the device
-that trains, when one row for every client takes at most a quarter of the free memory there
-(`client_rows`), which saves each row's trip through the file and, on a GPU, through the host
-(FedSoft's personal models end in memory anyway: they are its state).
+The file is for when memory is short: a round's store keeps its rows in the host's memory when
+one row for every client takes at most a quarter of the free memory there (`client_rows`),
+which saves each row's trip through the file. A rule whose rows end in memory anyway, as its
+state on the device that trains (FedSoft's personal models), keeps them on that device
+(`RowStore(width, device)`), which also saves their trip through the host on a GPU.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ def room_for(nbytes: int, device: torch.device) -> torch.device | None:
     return device if free is not None and nbytes <= MEMORY_SHARE * free else None
 
 
-def client_rows(width: int, clients: int, device: torch.device) -> RowStore:
-    """A store for a round's rows, one per client at most: in memory on `device` when all of
-    them fit there (`room_for`), else in a file."""
-    return RowStore(width, room_for(4 * width * clients, device))
+def client_rows(width: int, clients: int) -> RowStore:
+    """A store for a round's rows, one per client at most: in the host's memory when all of
+    them fit there (`room_for`), else in a file; either way its rows come back on the CPU."""
+    return RowStore(width, room_for(4 * width * clients, torch.device("cpu")))
 
 
 class RowStore:
