@@ -18,7 +18,8 @@ Algorithm 1, without evaluation), each followed in the same process by its floor
 Everything else in the round (E-step arithmetic, folding, aggregation, the round loop) is what
 the floor leaves out: the ratio round / floor says what fedrc adds. CPU seconds of this
 process (`time.process_time`: steadier than wall time on a shared CPU); run it with one thread.
-`inferred` is the models' inference the round computed, in thousands of model × sample.
+`inferred` is the models' inference the round computed, in thousands of model × sample;
+`--evaluation` also times one evaluation after the last round (`evaluated`: its inference).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python3 benchmarks/method_floor.py --clients 30
     PYTHONPATH=. OMP_NUM_THREADS=1 python3 benchmarks/method_floor.py --clients 300 --rounds 1
@@ -183,6 +184,11 @@ def measure(algorithm: str, data: Path, out: Path, args: argparse.Namespace) -> 
         Recorder.release(run)
         parts = floor(run, recorder, algorithm)
         rows.append({"round": seconds, "inferred": recorder.inferred, **parts})
+    if args.evaluation:  # one evaluation of the last models, as `eval_every` makes it
+        recorder = Recorder(run)
+        seconds = timed(lambda: training.evaluation_checked(run, args.rounds + 1, run.data))
+        Recorder.release(run)
+        rows[-1]["evaluation"], rows[-1]["evaluated"] = seconds, recorder.inferred
     return rows
 
 
@@ -194,6 +200,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=30)
     parser.add_argument("--methods", nargs="+", default=list(BUILT_IN))
     parser.add_argument("--data-root", help="Fashion-MNIST files (default: the system copy)")
+    parser.add_argument("--evaluation", action="store_true", help="also time one evaluation")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(
@@ -203,9 +210,10 @@ def main() -> None:
         f"{torch.get_num_threads()}; load average before: {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    extra = " evaluation CPU s | evaluated k |" if args.evaluation else ""
     print("\n| method | round CPU s | floor CPU s (train + infer + stats) | round / floor "
-          "(spread) | inferred k / needed k |", flush=True)  # fmt: skip
-    print("|---|---:|---:|---:|---:|", flush=True)
+          f"(spread) | inferred k / needed k |{extra}", flush=True)  # fmt: skip
+    print("|---|---:|---:|---:|---:|" + "---:|" * 2 * args.evaluation, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         partition_stage(
@@ -223,7 +231,12 @@ def main() -> None:
             print(
                 f"| {method} | {round_:.2f} | {sum(parts):.2f} ({parts[0]:.2f} + {parts[1]:.2f}"
                 f" + {parts[2]:.2f}) | {statistics.median(ratios):.2f} ({spread}) | "
-                f"{rows[-1]['inferred'] / 1e3:.1f} / {rows[-1]['needed'] / 1e3:.1f} |",
+                f"{rows[-1]['inferred'] / 1e3:.1f} / {rows[-1]['needed'] / 1e3:.1f} |"
+                + (
+                    f" {rows[-1]['evaluation']:.2f} | {rows[-1]['evaluated'] / 1e3:.1f} |"
+                    if args.evaluation
+                    else ""
+                ),
                 flush=True,
             )
     print(f"\nload average after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
