@@ -3,13 +3,9 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.algorithms.client import predictions
 from pipeline.engine import LocalTask, SequentialExecutor
-from pipeline.evaluation.accuracy import (
-    concept_purity,
-    label_purity,
-    per_sample_losses,
-    predictions,
-)
+from pipeline.evaluation.accuracy import concept_purity, label_purity, per_sample_losses
 
 
 def executor(**kw) -> SequentialExecutor:

@@ -171,10 +171,9 @@ def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 def accuracies(
     logits: torch.Tensor, labels: torch.Tensor, spans: list[tuple[int, int]], weights: torch.Tensor
 ) -> torch.Tensor:
-    """(2, S) float64: the soft and the hard accuracy of each of S spans [start, stop) of the
-    rows, span s predicting with its weights[s] (K,) over the K predictors' logits (K, N,
-    classes). Soft: the arg-max of Σ_k w_k softmax(z_k) over the models with w_k > 0 (the others
-    may be NaN: never computed); hard: the arg-max of the model with the largest w.
+    """(2, S) float64: the soft and the hard accuracy (`predictions`) of each of S spans
+    [start, stop) of the rows, span s predicting with its weights[s] (K,) over the K predictors'
+    logits (K, N, classes).
 
     All spans in one pass and one read back: a call and a read per client and part made a GPU
     wait once for every number (1,212 waits an evaluation at the paper's scale). Each number is
@@ -183,13 +182,24 @@ def accuracies(
     lengths = torch.tensor([stop - start for start, stop in spans])
     rows = torch.cat([torch.arange(start, stop) for start, stop in spans]).to(device)
     segment = torch.repeat_interleave(torch.arange(len(spans)), lengths).to(device)
-    chosen = logits[:, rows]
-    share = weights.to(logits)[segment].T.unsqueeze(-1)  # (K, M, 1)
-    mixed = torch.where(share > 0, share * torch.softmax(chosen, dim=-1), 0.0)
-    hard = chosen[weights.argmax(1).to(device)[segment], torch.arange(rows.numel(), device=device)]
-    right = torch.stack([mixed.sum(0).argmax(-1), hard.argmax(-1)]) == labels[rows]
+    chosen, each = logits[:, rows], weights.to(device)[segment]  # each sample's weights
+    guesses = [predictions(chosen, each, hard) for hard in (False, True)]
+    right = torch.stack(guesses) == labels[rows]
     counts = torch.zeros(2, len(spans), device=device).index_add_(1, segment, right.float())
     return mean_of_counts(counts.cpu(), lengths.float(), device).double()
+
+
+def predictions(logits: torch.Tensor, omega: torch.Tensor, hard: bool) -> torch.Tensor:
+    """The predicted class of each sample from the K predictors' logits (K, N, classes) and ω
+    (K,), or each sample's own (N, K). Soft: the arg-max of Σ_k ω_k softmax(z_k) over the
+    models with ω_k > 0 (the others may be NaN: never computed). Hard: the arg-max of the
+    model with the largest ω."""
+    rows = omega[None] if omega.dim() == 1 else omega
+    if hard:
+        picked = rows.argmax(1).expand(logits.shape[1])
+        return logits[picked, torch.arange(logits.shape[1], device=logits.device)].argmax(-1)
+    share = rows.to(logits).T.unsqueeze(-1)  # (K, N or 1, 1)
+    return torch.where(share > 0, share * torch.softmax(logits, dim=-1), 0.0).sum(0).argmax(-1)
 
 
 def mean_of_counts(counts: torch.Tensor, sizes: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -169,7 +169,7 @@ def score_tables(
     groups: dict[str, list[int]] | None,
 ) -> dict[str, Any]:
     """The round's scores (`summarize`, soft and `hard_`) from each scored client's (2, 2)
-    accuracies (`client_accuracy`), summed over places."""
+    accuracies (`accuracies`), summed over places."""
     tables = [torch.zeros((len(data.clients), 3), dtype=torch.float64) for _ in range(2)]
     for client, values in accuracy.items():
         for row, table in enumerate(tables):
