@@ -16,7 +16,9 @@ Algorithm 1, without evaluation), each followed in the same process by its floor
 - the statistics its clients describe that round (FLUX's latents, PACFL's subspaces).
 
 Everything else in the round (E-step arithmetic, folding, aggregation, the round loop) is what
-the floor leaves out: the ratio round / floor says what fedrc adds. CPU seconds of this
+the floor leaves out: the ratio round / floor says what fedrc adds; `server rule` is the part
+of the round spent in the method's own `fold` and `aggregate` (its distances, sums, K-means:
+arithmetic the method cannot skip, yet not in the floor). CPU seconds of this
 process (`time.process_time`: steadier than wall time on a shared CPU); run it with one thread.
 `inferred` is the models' inference the round computed, in thousands of model × sample;
 `--evaluation` also times one evaluation after the last round (`evaluated`: its inference).
@@ -79,18 +81,22 @@ def paper_rows(
 
 class Recorder:
     """What a round did: its local trainings (without their start models), the clients whose
-    statistic it asked for, the steps it handed out, the inference it computed."""
+    statistic it asked for, the steps it handed out, the inference it computed, and the CPU
+    seconds of its server rule (`fold` and `aggregate`: FeSEM's distances, FedSoft's K sums,
+    FeSEM-CAM's K-means), which the floor leaves out."""
 
     def __init__(self, run: Run) -> None:
         self.jobs: list[tuple[Any, ...]] = []
         self.described: list[int] = []
         self.steps: dict[int, Any] = {}
         self.inferred = 0
+        self.server = 0.0
         self.clusters = getattr(run.algorithm, "cluster", None)  # before the round
         self.clusters = None if self.clusters is None else self.clusters.clone()
         executor, algorithm = run.executor, run.algorithm
         stream, logits = executor.stream, executor.logits
         describe, client_step = algorithm.describe, algorithm.client_step
+        fold, aggregate = algorithm.fold, algorithm.aggregate
 
         def recorded_stream(jobs: Iterator) -> Iterator:
             return stream(self.record(job) for job in jobs)
@@ -107,8 +113,18 @@ class Recorder:
             self.steps[client] = step = client_step(client)
             return step
 
+        def timed_fold(*args: Any) -> None:
+            self.server += timed(lambda: fold(*args))
+
+        def timed_aggregate(models: torch.Tensor) -> torch.Tensor:
+            tic = time.process_time()
+            new = aggregate(models)
+            self.server += time.process_time() - tic
+            return new
+
         executor.stream, executor.logits = recorded_stream, counted_logits
         algorithm.describe, algorithm.client_step = recorded_describe, recorded_step
+        algorithm.fold, algorithm.aggregate = timed_fold, timed_aggregate
 
     def record(self, job: tuple[Any, ...]) -> tuple[Any, ...]:
         task, images, labels, seed = job
@@ -125,7 +141,7 @@ class Recorder:
                 vars(owner).pop(name, None)
 
 
-VERBS = ("describe", "client_step")
+VERBS = ("describe", "client_step", "fold", "aggregate")
 
 
 def replayed(jobs: list[tuple[Any, ...]], base: torch.Tensor) -> Iterator[tuple[Any, ...]]:
@@ -183,7 +199,8 @@ def measure(algorithm: str, data: Path, out: Path, args: argparse.Namespace) -> 
         seconds = timed(lambda round_=round_: training.train_round(round_, run, None))
         Recorder.release(run)
         parts = floor(run, recorder, algorithm)
-        rows.append({"round": seconds, "inferred": recorder.inferred, **parts})
+        rows.append({"round": seconds, "inferred": recorder.inferred, "server": recorder.server})
+        rows[-1].update(parts)
     if args.evaluation:  # one evaluation of the last models, as `eval_every` makes it
         recorder = Recorder(run)
         seconds = timed(lambda: training.evaluation_checked(run, args.rounds + 1, run.data))
@@ -212,8 +229,8 @@ def main() -> None:
     )
     extra = " evaluation CPU s | evaluated k |" if args.evaluation else ""
     print("\n| method | round CPU s | floor CPU s (train + infer + stats) | round / floor "
-          f"(spread) | inferred k / needed k |{extra}", flush=True)  # fmt: skip
-    print("|---|---:|---:|---:|---:|" + "---:|" * 2 * args.evaluation, flush=True)
+          f"(spread) | server rule CPU s | inferred k / needed k |{extra}", flush=True)  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * 2 * args.evaluation, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         partition_stage(
@@ -231,6 +248,7 @@ def main() -> None:
             print(
                 f"| {method} | {round_:.2f} | {sum(parts):.2f} ({parts[0]:.2f} + {parts[1]:.2f}"
                 f" + {parts[2]:.2f}) | {statistics.median(ratios):.2f} ({spread}) | "
+                f"{statistics.median(r['server'] for r in rows):.2f} | "
                 f"{rows[-1]['inferred'] / 1e3:.1f} / {rows[-1]['needed'] / 1e3:.1f} |"
                 + (
                     f" {rows[-1]['evaluation']:.2f} | {rows[-1]['evaluated'] / 1e3:.1f} |"
