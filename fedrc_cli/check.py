@@ -23,7 +23,8 @@ def check(
         typer.Option(
             "--out",
             help="Folder for each stage's resolved configuration (partition.json, train.json, "
-            "eval.json, plot.json), written only when every section is valid.",
+            "eval.json, plot.json) with the digests of the code each runs, written only when "
+            "every section is valid.",
             file_okay=False,
         ),
     ] = None,

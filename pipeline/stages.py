@@ -17,6 +17,7 @@ from pipeline.common.checks import require_finite
 from pipeline.common.errors import FedrcError, first_few
 from pipeline.common.io import atomic_files, remove_leftovers
 from pipeline.common.run_lock import writer_lock
+from pipeline.common.sources import module_digest
 from pipeline.config import (
     EvalConfig,
     PartitionConfig,
@@ -25,8 +26,8 @@ from pipeline.config import (
     build_config,
     config_dict,
 )
-from pipeline.data.benchmark import foreign_files, write_benchmark
-from pipeline.data.loaders import load_dataset
+from pipeline.data.benchmark import build_clients, foreign_files, write_benchmark
+from pipeline.data.loaders import DATASETS, load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.evaluation.accuracy import (
@@ -42,8 +43,10 @@ from pipeline.evaluation.accuracy import (
 from pipeline.evaluation.drift_scores import over_time
 from pipeline.models.layout import head_range
 from pipeline.run import files as rf
+from pipeline.run.code import run_code
 from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.run.resolve import from_values, recorded_identity, train_config
+from pipeline.run.setup import check_fits
 from pipeline.run.training import make_executor, resolve_device, run_training
 
 __all__ = [
@@ -58,24 +61,84 @@ __all__ = [
 CHECKED = ("partition", "train", "eval", "plot")
 
 
-def check_stage(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each stage's configuration as its command would build it from `params` (no options).
+def check_stage(
+    params: dict[str, Any], runs: tuple[TrainConfig, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """Each stage's configuration as its command would build it from `params` (no options),
+    with the digests of the code it runs (`pipeline.run.code`); `runs` are more trainings to
+    check for memory (a sweep's points).
 
-    A DVC pipeline runs this first: a bad key or value stops it here, before DVC removes the
-    outputs of the stage it would rerun."""
+    A DVC pipeline runs this first: a bad key or value, a partition no split satisfies or K
+    models that cannot fit in memory stop it here, before DVC removes the outputs of the stage
+    it would rerun; a plugin edited since changes the resolved file its stage depends on."""
+    partition = build_config(PartitionConfig, params)
+    train = train_config(params)
+    benchmark = check_benchmark_settings(partition, Path(train.data))
+    for config in (train, *runs):
+        same = os.path.abspath(config.data) == os.path.abspath(train.data)
+        shape = benchmark if same else _built_shape(Path(config.data))
+        if shape is not None:
+            check_fits(config, *shape)
     return {
-        "partition": config_dict(build_config(PartitionConfig, params)),
-        "train": config_dict(train_config(params)),
+        "partition": {**config_dict(partition), "code": dataset_code(partition.dataset)},
+        "train": {**config_dict(train), "code": run_code(train)},
         "eval": config_dict(build_config(EvalConfig, params)),
         "plot": config_dict(build_config(PlotConfig, params)),
     }
 
 
+def dataset_code(dataset: str) -> dict[str, str]:
+    """The digest of a dataset plugin's package ({} for a built-in: the stage's deps list
+    fedrc's data code)."""
+    DATASETS.get(dataset, "partition.dataset")
+    module = DATASETS.module(dataset)
+    return dict([module_digest(module)]) if module is not None else {}
+
+
+def check_benchmark_settings(
+    partition: PartitionConfig, data: Path
+) -> tuple[tuple[int, int, int], int] | None:
+    """Check that the partition section can be built, as `fedrc partition` would before
+    writing (every split and draw; the dataset is loaded), unless `partition.out` already holds
+    the benchmark of these settings. Returns the image shape and classes of the benchmark
+    train.data names, where known."""
+    out = Path(partition.out)
+    built = _built_with(out, partition)
+    if built is None:
+        raw = load_dataset(partition.dataset, partition.data_root)
+        build_clients(partition, raw)  # draws only; images are gathered when iterated
+        if os.path.abspath(data) == os.path.abspath(out):
+            return raw.image_shape, raw.num_classes
+    elif os.path.abspath(data) == os.path.abspath(out):
+        return built.image_shape, built.num_classes
+    return _built_shape(data)
+
+
+def _built_shape(data: Path) -> tuple[tuple[int, int, int], int] | None:
+    """The image shape and classes of the benchmark in `data`, if one is there."""
+    if not (data / MANIFEST).is_file():
+        return None
+    manifest = read_manifest(data, "train.data")
+    return manifest.image_shape, manifest.num_classes
+
+
+def _built_with(out: Path, partition: PartitionConfig) -> Manifest | None:
+    """The manifest in `out` when it records exactly these partition settings."""
+    if not (out / MANIFEST).is_file():
+        return None
+    try:
+        manifest = read_manifest(out, "partition.out")
+    except FedrcError:
+        return None  # partition replaces it (or says what is wrong)
+    wanted = {k: v for k, v in config_dict(partition).items() if k != "out"}
+    return manifest if json.loads(json.dumps(wanted)) == manifest.config else None
+
+
 def write_resolved(resolved: dict[str, dict[str, Any]], out: Path) -> None:
     """`out/<stage>.json` for each checked stage (all files or none): a stage depends on its
     own file, so it runs after the check and only when its own section's values change."""
-    with atomic_files(*(out / f"{name}.json" for name in CHECKED)) as tmps:
-        for tmp, name in zip(tmps, CHECKED):
+    with atomic_files(*(out / f"{name}.json" for name in resolved)) as tmps:
+        for tmp, name in zip(tmps, resolved):
             tmp.write_text(json.dumps(resolved[name], indent=2, sort_keys=True) + "\n")
 
 
