@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from fedrc_cli.check import check
+from fedrc_cli.common import give_back_outputs
 from fedrc_cli.evaluate import evaluate
 from fedrc_cli.flower import flower
 from fedrc_cli.info import info
@@ -54,4 +55,10 @@ app.add_typer(flower)
 
 
 def main() -> None:
-    app()
+    """The console script: a command that fails as a DVC stage gives back what DVC removed."""
+    try:
+        app()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            give_back_outputs()
+        raise

@@ -14,6 +14,7 @@ import torch
 from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
+from pipeline.common.dvc_stage import stage_root
 from pipeline.common.errors import FedrcError, first_few
 from pipeline.common.io import atomic_files, remove_leftovers
 from pipeline.common.run_lock import writer_lock
@@ -42,11 +43,13 @@ from pipeline.evaluation.accuracy import (
 )
 from pipeline.evaluation.drift_scores import over_time
 from pipeline.models.layout import head_range
+from pipeline.places import distributed
 from pipeline.run import files as rf
 from pipeline.run.code import run_code
 from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.run.resolve import from_values, recorded_identity, train_config
 from pipeline.run.setup import check_fits
+from pipeline.run.staged import train_staged
 from pipeline.run.training import make_executor, resolve_device, run_training
 
 __all__ = [
@@ -176,7 +179,13 @@ def check_partition_out(out: Path, overwrite: bool) -> None:
 
 
 def train_stage(config: TrainConfig, **kwargs: Any) -> Path:
-    return run_training(config, **kwargs)
+    """Train in --out; as a DVC stage (one process, not --resume), in a staging folder that
+    DVC does not delete, so that a stopped `dvc repro` resumes (`pipeline.run.staged`)."""
+    root = stage_root()
+    if root is None or kwargs.get("resume") or distributed.launched():
+        return run_training(config, **kwargs)
+    kwargs.pop("resume", None)
+    return train_staged(config, root, **kwargs)
 
 
 def run_config(run: Path, option: str = "--run") -> TrainConfig:
