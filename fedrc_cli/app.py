@@ -15,6 +15,7 @@ from fedrc_cli.info import info
 from fedrc_cli.partition import partition
 from fedrc_cli.plot import plot
 from fedrc_cli.report import report
+from fedrc_cli.sweep import sweep
 from fedrc_cli.train import train
 
 app = typer.Typer(
@@ -50,6 +51,7 @@ app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
 app.command(no_args_is_help=False)(info)
 app.command(no_args_is_help=False)(check)
+app.command(no_args_is_help=False)(sweep)
 app.command(no_args_is_help=True)(report)
 app.add_typer(flower)
 
