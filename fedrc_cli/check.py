@@ -32,19 +32,24 @@ def check(
 ) -> None:
     """Check params.yaml's partition, train, eval, plot (and sweep) sections as their commands
     would, and that the folders they write can be written."""
-    from pipeline.stages import check_stage, write_resolved  # torch: options read first
+    from pipeline.stages import (
+        check_feasible,
+        check_stage,
+        write_resolved,
+    )  # torch: options read first
     from pipeline.sweep import resolved_points
     from pipeline.sweep.grid import SECTION, read_grid
 
     with user_errors(), writing("--out", *([out] if out is not None else [])):
         values = read_params(params)
         folder, points = read_grid(values, [], None) if SECTION in values else (None, [])
-        resolved = check_stage(values, tuple(p.config for p in points))
+        resolved = check_stage(values)
         for key, (section, field) in OUTPUTS.items():
             writable_output(key, resolved[section][field])
         if folder is not None:
             writable_output(f"{SECTION}.out", folder)
             resolved[SECTION] = {"out": str(folder), "points": resolved_points(points)}
+        check_feasible(values, tuple(p.config for p in points))
         if out is not None:
             write_resolved(resolved, out)
     train = resolved["train"]

@@ -4,7 +4,7 @@ each trained, evaluated and plotted; stopped, it goes on where it stopped."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,10 @@ from fedrc_cli.common import (
     writing,
 )
 from pipeline.common.errors import counted, first_few
+from pipeline.config import EvalConfig, PlotConfig
+
+if TYPE_CHECKING:
+    from pipeline.sweep.grid import Point
 
 GridOption = Annotated[
     list[str] | None,
@@ -77,7 +81,7 @@ def sweep(
     with user_errors():
         if jobs < 1:
             raise fail(f"--jobs: expected an integer >= 1, got {jobs}")
-        from pipeline.config import EvalConfig, PlotConfig, build_config, read_params
+        from pipeline.config import build_config, read_params
         from pipeline.sweep.grid import read_grid
 
         values = read_params(params)
@@ -104,8 +108,8 @@ def sweep(
 
 def run_sweep(
     folder: Path,
-    points: list,
-    derived: tuple,
+    points: list[Point],
+    derived: tuple[EvalConfig, PlotConfig | None],
     replace: bool,
     jobs: int,
     drop_checkpoints: bool,

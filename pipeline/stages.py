@@ -64,30 +64,33 @@ __all__ = [
 CHECKED = ("partition", "train", "eval", "plot")
 
 
-def check_stage(
-    params: dict[str, Any], runs: tuple[TrainConfig, ...] = ()
-) -> dict[str, dict[str, Any]]:
+def check_stage(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each stage's configuration as its command would build it from `params` (no options),
-    with the digests of the code it runs (`pipeline.run.code`); `runs` are more trainings to
-    check for memory (a sweep's points).
+    with the digests of the code it runs (`pipeline.run.code`).
 
-    A DVC pipeline runs this first: a bad key or value, a partition no split satisfies or K
-    models that cannot fit in memory stop it here, before DVC removes the outputs of the stage
-    it would rerun; a plugin edited since changes the resolved file its stage depends on."""
+    A DVC pipeline runs this first: a bad key or value stops it here, before DVC removes the
+    outputs of the stage it would rerun; a plugin edited since changes the resolved file its
+    stage depends on. `check_feasible` then checks what only the data can tell."""
     partition = build_config(PartitionConfig, params)
     train = train_config(params)
-    benchmark = check_benchmark_settings(partition, Path(train.data))
-    for config in (train, *runs):
-        same = os.path.abspath(config.data) == os.path.abspath(train.data)
-        shape = benchmark if same else _built_shape(Path(config.data))
-        if shape is not None:
-            check_fits(config, *shape)
     return {
         "partition": {**config_dict(partition), "code": dataset_code(partition.dataset)},
         "train": {**config_dict(train), "code": run_code(train)},
         "eval": config_dict(build_config(EvalConfig, params)),
         "plot": config_dict(build_config(PlotConfig, params)),
     }
+
+
+def check_feasible(params: dict[str, Any], runs: tuple[TrainConfig, ...] = ()) -> None:
+    """What the check can know before any stage runs beyond the values: that partition's
+    settings can be split as asked (unless its benchmark is built already), and that the K
+    models of the train section's run, and of `runs` (a sweep's points), fit in memory."""
+    partition = build_config(PartitionConfig, params)
+    train = train_config(params)
+    benchmark = check_benchmark_settings(partition, Path(train.data))
+    for config in (train, *runs):  # a sweep over `data` may name benchmarks made elsewhere
+        same = os.path.abspath(config.data) == os.path.abspath(train.data)
+        check_fits(config, *(benchmark if same else _built_shape(Path(config.data))))
 
 
 def dataset_code(dataset: str) -> dict[str, str]:
@@ -100,11 +103,11 @@ def dataset_code(dataset: str) -> dict[str, str]:
 
 def check_benchmark_settings(
     partition: PartitionConfig, data: Path
-) -> tuple[tuple[int, int, int], int] | None:
+) -> tuple[tuple[int, int, int], int]:
     """Check that the partition section can be built, as `fedrc partition` would before
     writing (every split and draw; the dataset is loaded), unless `partition.out` already holds
     the benchmark of these settings. Returns the image shape and classes of the benchmark
-    train.data names, where known."""
+    train.data names."""
     out = Path(partition.out)
     built = _built_with(out, partition)
     if built is None:
@@ -117,10 +120,14 @@ def check_benchmark_settings(
     return _built_shape(data)
 
 
-def _built_shape(data: Path) -> tuple[tuple[int, int, int], int] | None:
-    """The image shape and classes of the benchmark in `data`, if one is there."""
+def _built_shape(data: Path) -> tuple[tuple[int, int, int], int]:
+    """The image shape and classes of the benchmark in `data`, which partition.out is not: it
+    must be there already."""
     if not (data / MANIFEST).is_file():
-        return None
+        raise FedrcError(
+            f"train.data: {data} holds no benchmark, and partition.out is another folder; "
+            "point train.data at partition.out or at a benchmark `fedrc partition` wrote"
+        )
     manifest = read_manifest(data, "train.data")
     return manifest.image_shape, manifest.num_classes
 

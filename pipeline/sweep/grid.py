@@ -165,6 +165,9 @@ def _checked(axis: Axis) -> Axis:
     values = axis.values
     if axis.shared:
         values = tuple(coerce(axis.where, v, SHARED_TYPES[axis.key]) for v in values)
+    registry = {"algorithm": ALGORITHMS, "model": MODELS}.get(axis.key)
+    for value in values if registry is not None else ():
+        registry.get(value, axis.where)  # an unknown name, or a plugin that fails to import
     for i, value in enumerate(values):
         if value in values[:i]:
             raise FedrcError(f"{axis.where}: {value!r} given twice")

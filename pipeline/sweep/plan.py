@@ -13,7 +13,6 @@ made.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import shutil
@@ -93,7 +92,8 @@ def plan(
     refuse_other(folder)
     record = read_record(folder)
     known: dict[str, dict[str, str]] = record["points"]
-    keys = {p.name: point_key(p) for p in points}
+    key = Keys()
+    keys = {p.name: key(p) for p in points}
     derived = derived_key(eval_config, plot_config)
     changed = [p.name for p in points if _holds_other(p, known.get(p.name), keys[p.name])]
     if changed and not replace:
@@ -179,25 +179,22 @@ def _prune(folder: Path, known: dict[str, dict[str, str]], wanted: set[str]) -> 
         del known[name]
 
 
-def point_key(point: Point) -> str:
-    config = point.config
-    return run_key(config, _code(config), _digest(str(Path(config.data).resolve())))
+class Keys:
+    """Each point's run key (`run_key`), the code and benchmark digests computed once per
+    algorithm and model, and per benchmark, in one planning."""
 
+    def __init__(self) -> None:
+        self.code: dict[tuple[str, str], dict[str, str]] = {}
+        self.data: dict[str, str] = {}
 
-@functools.cache
-def _digest(data: str) -> str:
-    return data_digest(read_manifest(Path(data), "train.data"))
-
-
-_CODE: dict[tuple[str, str], dict[str, str]] = {}
-
-
-def _code(config: Any) -> dict[str, str]:
-    """`run_code`, once per algorithm and model in a process."""
-    pair = (config.algorithm, config.model)
-    if pair not in _CODE:
-        _CODE[pair] = run_code(config)
-    return _CODE[pair]
+    def __call__(self, point: Point) -> str:
+        config = point.config
+        pair, data = (config.algorithm, config.model), str(Path(config.data).resolve())
+        if pair not in self.code:
+            self.code[pair] = run_code(config)
+        if data not in self.data:
+            self.data[data] = data_digest(read_manifest(Path(data), "train.data"))
+        return run_key(config, self.code[pair], self.data[data])
 
 
 def derived_key(eval_config: EvalConfig, plot_config: PlotConfig | None) -> str:
