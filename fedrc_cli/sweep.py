@@ -140,4 +140,7 @@ def run_sweep(
                 "where this one stopped",
                 INTERRUPT_CODES[type(e)],
             ) from None
+    for step in todo:  # a worker that ended early (killed by the system) left these
+        if step.point.name not in tally.ended:
+            tally.failed[step.point.name] = "not run: its worker process ended first"
     return len(todo), tally.failed

@@ -34,6 +34,7 @@ class Tally:
             self.round[step.point.name] = done
         self.first = sum(self.round.values())
         self.finished = sum(1 for s in steps if s.complete)
+        self.ended: set[str] = set()  # the runs that reported done or failed here
         self.failed: dict[str, str] = {}
         self.running: list[str] = []
 
@@ -56,6 +57,7 @@ class Tally:
             self.round[name] = event.round
         elif event.kind in ("done", "failed"):
             self.running.remove(name)
+            self.ended.add(name)
             if event.kind == "done":
                 self.finished += 1
             else:
