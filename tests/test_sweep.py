@@ -272,7 +272,7 @@ def test_a_sweep_killed_with_two_workers_goes_on_where_it_stopped(benchmark: Pat
     command then trains only what is left, resuming the stopped runs from their checkpoints,
     and no finished run is trained again."""
     args = [*("--grid", "algorithm=fedavg,ifca,fedrc", "--grid", "seed=0,1,2"), "--no-plots"]
-    args += ["--grid", "rounds=6", "--jobs", "2", "--out", "runs/k"]
+    args += ["--grid", "rounds=8", "--jobs", "2", "--out", "runs/k"]
     command = [sys.executable, "-m", "fedrc_cli", "sweep", *args]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     process = subprocess.Popen(
@@ -284,12 +284,18 @@ def test_a_sweep_killed_with_two_workers_goes_on_where_it_stopped(benchmark: Pat
         lines.append(line)
         if line.startswith("fedavg-s0: done") or line.startswith("fedavg-s1: done"):
             break
-    time.sleep(1.0)  # the next runs are under way
+    folder = benchmark / "runs/k"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(  # a run past its first checkpoint
+        (p / "checkpoint.pt").is_file() and not (p / "model.pt").is_file()
+        for p in folder.iterdir()
+        if p.is_dir()
+    ):
+        time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)
     output = "".join(lines) + process.stdout.read()
     assert process.wait(timeout=120) == 130, output
     assert "interrupted;" in output and "the same command goes on" in output, output
-    folder = benchmark / "runs/k"
     finished = [p for p in folder.iterdir() if (p / "eval.json").is_file()]
     assert finished and len(finished) < 9, output
     kept = {p.name: (p / "model.pt").stat().st_mtime_ns for p in finished}

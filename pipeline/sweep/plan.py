@@ -1,7 +1,7 @@
 """What each point of a sweep needs, from what its folder holds and the sweep's record.
 
 `<sweep>/sweep.json` records, for each point the sweep made, the key of the run its folder
-holds (`pipeline.run.code.run_key`: configuration, code and benchmark) and the key of what eval
+holds (`pipeline.run.code.run_key`: configuration, code and benchmark) and the keys of what eval
 and plot made of it (their settings and code). A point whose folder holds a finished run of
 its key is kept; one stopped at a checkpoint resumes; a run of another key (settings, plugin
 or fedrc changed since) is retrained only with `replace`, else the sweep stops before it
@@ -28,7 +28,7 @@ from pipeline.data.records import MANIFEST, read_manifest
 from pipeline.data.shards import data_digest
 from pipeline.run import files as rf
 from pipeline.run.code import run_code, run_key
-from pipeline.run.derived import EVAL, PLOTS, remove_derived
+from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS
 from pipeline.run.folder import clear_run, foreign_names
 from pipeline.sweep.grid import Point
 
@@ -94,7 +94,7 @@ def plan(
     known: dict[str, dict[str, str]] = record["points"]
     key = Keys()
     keys = {p.name: key(p) for p in points}
-    derived = derived_key(eval_config, plot_config)
+    derived = derived_keys(eval_config, plot_config)
     changed = [p.name for p in points if _holds_other(p, known.get(p.name), keys[p.name])]
     if changed and not replace:
         raise FedrcError(
@@ -105,10 +105,8 @@ def plan(
         _clear(folder / name)
     steps = []
     for point in points:
-        entry = known.get(point.name, {})
-        if entry.get("derived") != derived:
-            remove_derived(Path(point.config.out))
-        known[point.name] = {"run": keys[point.name], "derived": derived}
+        known[point.name] = _derived_kept(point, known.get(point.name, {}), derived)
+        known[point.name]["run"] = keys[point.name]
         plot = None if plot_config is None else _for(plot_config, point)
         steps.append(Step(point, _for(eval_config, point), plot, *_needs(point)))
     if replace:
@@ -197,13 +195,29 @@ class Keys:
         return run_key(config, self.code[pair], self.data[data])
 
 
-def derived_key(eval_config: EvalConfig, plot_config: PlotConfig | None) -> str:
-    """What eval and plot made depends on: their settings (the run folder aside) and code."""
-    settings = {
-        "eval": {**config_dict(eval_config), "run": None},
-        "plot": None if plot_config is None else {**config_dict(plot_config), "run": None},
-    }
+def derived_keys(eval_config: EvalConfig, plot_config: PlotConfig | None) -> dict[str, str]:
+    """What eval's and plot's outputs depend on besides the run: their settings (the run folder
+    aside) and their code."""
     root = Path(__file__).resolve().parents[1]
-    code = [root / "stages.py", *sorted((root / "outputs").rglob("*.py"))]
-    text = json.dumps(settings, sort_keys=True) + files_digest(code, root)
-    return hashlib.sha256(text.encode()).hexdigest()
+    stages = files_digest([root / "stages.py"], root)
+    keys = {"eval": _digest_of({**config_dict(eval_config), "run": None}, stages)}
+    if plot_config is not None:
+        outputs = files_digest(sorted((root / "outputs").rglob("*.py")), root)
+        keys["plot"] = _digest_of({**config_dict(plot_config), "run": None}, stages + outputs)
+    return keys
+
+
+def _digest_of(settings: dict[str, Any], code: str) -> str:
+    return hashlib.sha256((json.dumps(settings, sort_keys=True) + code).encode()).hexdigest()
+
+
+def _derived_kept(point: Point, entry: dict[str, str], keys: dict[str, str]) -> dict[str, str]:
+    """The point's eval and plots removed where they were made with other settings or code;
+    the record's entry for them (a plot key stays while this sweep draws no plots)."""
+    folder = Path(point.config.out)
+    if entry.get("eval") != keys["eval"]:
+        for name in (EVAL, EVAL_CLIENTS):
+            (folder / name).unlink(missing_ok=True)
+    if "plot" in keys and entry.get("plot") != keys["plot"]:
+        shutil.rmtree(folder / PLOTS, ignore_errors=True)
+    return {**entry, **keys}
