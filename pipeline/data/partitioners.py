@@ -4,10 +4,11 @@ benchmark built in Flower can be rebuilt here with every fedrc shift on top.
 The partitioner is flwr-datasets' own class (the `partitioners` extra; Flower's name in snake
 case, `dirichlet` → `DirichletPartitioner`, or any `module:Name`), given the training pool as a
 Hugging Face dataset of its labels (column `label`), the row numbers and the natural-id columns
-the source has. Its arguments are `partition.partitioner_options`; `num_partitions`,
-`partition_by` and `seed` default to `--clients`, `label` and `--seed` where the class takes
-them. Client i holds partition i, as `FederatedDataset.load_partition(i)` gives it: the same
-partitioner and seed give the same clients as in Flower (tests/flower/test_partitioners.py).
+the source has, shuffled first with the seed as `FederatedDataset(shuffle=True, seed=…)` does.
+Its arguments are `partition.partitioner_options`; `num_partitions`, `partition_by` and `seed`
+default to `--clients`, `label` and `--seed` where the class takes them. Client i holds
+partition i: `FederatedDataset(dataset, partitioners={"train": P(..., seed=S)}, seed=S)
+.load_partition(i)` for `--seed S` (tests/flower/test_partitioners.py).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def flower_split(
     table = {"label": labels, **columns, ROW: np.arange(labels.size)}
     try:
         partitioner = cls(**arguments)
-        partitioner.dataset = datasets.Dataset.from_dict(table)
+        partitioner.dataset = datasets.Dataset.from_dict(table).shuffle(seed=seed)
         count = partitioner.num_partitions
         if count != clients:
             raise FedrcError(

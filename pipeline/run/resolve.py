@@ -222,9 +222,10 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
     values = dict(values)
     nested = values.pop("settings", None) or {}
     shared = checked_values(TrainConfig, {k: v for k, v in values.items() if k in SHARED}, where)
+    shared["model"] = shared.get("model") or default_model(shared.get("data", DEFAULTS.data))
     collected = _Collected(
         shared.get("algorithm", DEFAULTS.algorithm),
-        shared.get("model", DEFAULTS.model),
+        shared["model"],
         (f"{where}.algorithm", f"{where}.model"),
     )
     _put_nested(collected, nested, where)

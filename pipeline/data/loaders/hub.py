@@ -113,7 +113,7 @@ def _pictures(values: Sequence[Any], column: str) -> list[Any]:
             opened.append(Image.open(source))
         except (OSError, UnidentifiedImageError, TypeError, KeyError) as e:
             raise FedrcError(
-                f"image_column: {column}[{i}]: not an image ({type(e).__name__})"
+                f"partition.image_column: {column}[{i}]: not an image ({type(e).__name__})"
             ) from None
     return opened
 
@@ -140,11 +140,13 @@ def _arrays(values: Sequence[Any], column: str) -> np.ndarray:
     try:
         array = np.asarray(values)
     except ValueError:
-        raise FedrcError(f"image_column: {column}: arrays of different shapes") from None
+        raise FedrcError(f"partition.image_column: {column}: arrays of different shapes") from None
     if array.ndim not in (3, 4) or not np.issubdtype(array.dtype, np.number):
-        raise FedrcError(f"image_column: {column}: expected images or H×W(×C) pixel arrays")
+        raise FedrcError(
+            f"partition.image_column: {column}: expected images or H×W(×C) pixel arrays"
+        )
     if array.min(initial=0) < 0 or array.max(initial=0) > 255:
-        raise FedrcError(f"image_column: {column}: pixel values outside 0..255")
+        raise FedrcError(f"partition.image_column: {column}: pixel values outside 0..255")
     return (array if array.ndim == 4 else array[..., None]).astype(np.uint8)
 
 
@@ -176,24 +178,29 @@ def load_hub(name: str, data_root: str | None, columns: HubColumns) -> RawDatase
     found = _open(name, data_root)
     split_name = columns.split or "train"
     if split_name not in found:
-        raise FedrcError(f"split: no split {split_name!r} (splits: {', '.join(found)})")
+        raise FedrcError(f"partition.split: no split {split_name!r} (splits: {', '.join(found)})")
     train = found[split_name]
     test_name = columns.test_split or ("test" if "test" in found else None)
     if test_name is not None and test_name not in found:
-        raise FedrcError(f"test_split: no split {test_name!r} (splits: {', '.join(found)})")
-    image = _column(train.features, columns.image, ("Image",), ("image", "img"),
-                    "image_column", split_name)  # fmt: skip
-    label = _column(train.features, columns.label, ("ClassLabel",), ("label",), "label_column",
-                    split_name)  # fmt: skip
+        raise FedrcError(
+            f"partition.test_split: no split {test_name!r} (splits: {', '.join(found)})"
+        )
+    features = train.features
+    image = _column(features, columns.image, ("Image",), ("image", "img"),
+                    "partition.image_column", split_name)  # fmt: skip
+    label = _column(features, columns.label, ("ClassLabel",), ("label",),
+                    "partition.label_column", split_name)  # fmt: skip
     ids = {}
     if columns.partition_by is not None:
-        by = _column(train.features, columns.partition_by, (), (), "partition_by", split_name)
+        by = _column(
+            train.features, columns.partition_by, (), (), "partition.partition_by", split_name
+        )
         ids[by] = np.asarray(train[by])
     if test_name is not None:
         test = found[test_name]
         for column in (image, label):
             if column not in test.features:
-                raise FedrcError(f"test_split: {test_name!r} has no column {column!r}")
+                raise FedrcError(f"partition.test_split: {test_name!r} has no column {column!r}")
     elif columns.partition_by is None:  # every fifth sample, as for an image folder
         every = np.arange(len(train))
         test = train.select(every[TEST_EVERY - 1 :: TEST_EVERY])
@@ -202,7 +209,9 @@ def load_hub(name: str, data_root: str | None, columns: HubColumns) -> RawDatase
         test = train.select([])
     (train_labels, test_labels), num_classes = _labels([train, test], label, datasets)
     if num_classes < 2:
-        raise FedrcError(f"label_column: {label} holds {num_classes} class; at least 2 needed")
+        raise FedrcError(
+            f"partition.label_column: {label} holds {num_classes} class; at least 2 needed"
+        )
     train_images, test_images = _images([train, test], image, datasets)
     source = f"{PREFIX}{name}" + (f" from {Path(data_root).resolve()}" if data_root else "")
     return RawDataset(

@@ -169,8 +169,8 @@ def _header(spec: RecordedStream, path: Path) -> tuple[str, ...] | None:
 def _encode(values: np.ndarray, nominal: bool) -> np.ndarray:
     """One column as byte features (N, k): see the module's docstring."""
     if not nominal:
-        numbers = np.nan_to_num(values.astype(np.float64))
-        low, high = numbers.min(initial=0.0), numbers.max(initial=0.0)
+        numbers = np.nan_to_num(values.astype(np.float64))  # a numeric column (USO: nominal)
+        low, high = (numbers.min(), numbers.max()) if numbers.size else (0.0, 0.0)
         scale = TOP / (high - low) if high > low else 0.0
         return np.rint((numbers - low) * scale).astype(np.uint8)[:, None]
     text = values.astype(str)
@@ -187,7 +187,7 @@ def encode(spec: RecordedStream, table: Table, path: Path) -> tuple[np.ndarray, 
     features = [c for c in table if c not in (spec.target, *spec.drop)]
     nominal = set(spec.nominal)
     for column in features:
-        if table[column].dtype.kind in "US" and column not in nominal:
+        if table[column].dtype.kind in "USO" and column not in nominal:
             nominal.add(column)  # text can only be a category
     columns = [_encode(table[c], c in nominal) for c in features]
     rows = np.concatenate(columns, axis=1)[:, None, :, None]
