@@ -190,3 +190,17 @@ def test_a_flower_partitioner_without_flwr_datasets_names_the_extra(
     with pytest.raises(FedrcError, match=r"pip install 'fedrc\[partitioners\]'"):
         partition_stage(config)
     assert not (tmp_path / "d").exists()
+
+
+def test_info_lists_the_sources_and_the_partitioners() -> None:
+    from fedrc_cli.catalog import catalog
+
+    table = catalog()
+    kinds, names = table.columns[0]._cells, table.columns[1]._cells
+    listed = {(kind, name) for kind, name in zip(kinds, names)}
+    for source in ("hf:NAME", "elec2", "airlines", "covertype", "fmnist"):
+        assert ("dataset", source) in listed
+    for split in ("sequential_dirichlet", "dirichlet", "partition_by"):
+        assert ("partitioner", split) in listed
+    flower = [name for kind, name in zip(kinds, names) if kind == "partitioner"][6:]
+    assert flower == ["(flwr-datasets)"] or {"dirichlet", "pathological", "shard"} <= set(flower)

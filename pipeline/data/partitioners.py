@@ -59,6 +59,25 @@ def check_partitioner(name: str, options: Any) -> None:
     parse_options(options)
 
 
+def flower_partitioners() -> list[tuple[str, str, str]]:
+    """(name, origin, first docstring line) of each flwr-datasets partitioner, or one row saying
+    how to install them: what `fedrc info` lists."""
+    from importlib import metadata
+
+    try:
+        from flwr_datasets import partitioner as flower
+    except ImportError:
+        return [("(flwr-datasets)", "not installed", "pip install 'fedrc[partitioners]'")]
+    origin = f"flwr-datasets {metadata.version('flwr-datasets')}"
+    rows = []
+    for attribute in sorted(dir(flower)):
+        cls = getattr(flower, attribute)
+        if attribute.endswith("Partitioner") and attribute != "Partitioner":
+            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", attribute[: -len("Partitioner")]).lower()
+            rows.append((snake, origin, (cls.__doc__ or "").strip().splitlines()[0]))
+    return rows
+
+
 def partitioner_class(name: str) -> type:
     """flwr-datasets' `<Name>Partitioner` for a snake-case name, else `module:Name`."""
     if ":" in name:
@@ -76,9 +95,8 @@ def partitioner_class(name: str) -> type:
     wanted = "".join(part.capitalize() for part in name.split("_")) + "Partitioner"
     found = getattr(flower, wanted, None)
     if not isinstance(found, type):
-        known = sorted(n for n in dir(flower) if n.endswith("Partitioner") and n != "Partitioner")
-        snake = [re.sub(r"(?<!^)(?=[A-Z])", "_", n[: -len("Partitioner")]).lower() for n in known]
-        raise FedrcError(f"{KEY}: flwr-datasets has no {wanted} (known: {', '.join(snake)})")
+        known = ", ".join(row[0] for row in flower_partitioners())
+        raise FedrcError(f"{KEY}: flwr-datasets has no {wanted} (known: {known})")
     return found
 
 
