@@ -14,7 +14,7 @@ from rich.table import Table
 from pipeline.algorithms import ALGORITHMS
 from pipeline.common.registry import Entry, Registry
 from pipeline.common.settings import description, field_types
-from pipeline.data.loaders import DATASETS
+from pipeline.data.loaders import DATASETS, PREFIX, dataset_spec
 from pipeline.data.partitioners import flower_partitioners
 from pipeline.models import MODELS
 
@@ -64,6 +64,8 @@ def settings_of(card: Any) -> type | None:
 
 def find(name: str) -> tuple[Registry, Any] | None:
     """The registry and card of the component called `name` (built-in or plugin), or None."""
+    if name.startswith(PREFIX):  # any Hugging Face dataset: the source's card
+        return DATASETS, dataset_spec(name)
     for registry in REGISTRIES:
         if name in registry.names() or ":" in name:
             return registry, registry.card(name)
