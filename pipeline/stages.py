@@ -28,7 +28,7 @@ from pipeline.config import (
     config_dict,
 )
 from pipeline.data.benchmark import build_clients, foreign_files, write_benchmark
-from pipeline.data.loaders import DATASETS, load_dataset
+from pipeline.data.loaders import DATASETS, PREFIX, dataset_spec, load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.evaluation.accuracy import (
@@ -94,10 +94,10 @@ def check_feasible(params: dict[str, Any], runs: tuple[TrainConfig, ...] = ()) -
 
 
 def dataset_code(dataset: str) -> dict[str, str]:
-    """The digest of a dataset plugin's package ({} for a built-in: the stage's deps list
-    fedrc's data code)."""
-    DATASETS.get(dataset, "partition.dataset")
-    module = DATASETS.module(dataset)
+    """The digest of a dataset plugin's package ({} for a built-in, whose code the stage's
+    deps list, and for a Hugging Face dataset, which is data)."""
+    dataset_spec(dataset)  # an unknown name, or a plugin that fails to import
+    module = None if dataset.startswith(PREFIX) else DATASETS.module(dataset)
     return dict([module_digest(module)]) if module is not None else {}
 
 
@@ -111,7 +111,7 @@ def check_benchmark_settings(
     out = Path(partition.out)
     built = _built_with(out, partition)
     if built is None:
-        raw = load_dataset(partition.dataset, partition.data_root)
+        raw = load_dataset(partition.dataset, partition.data_root, partition.hub)
         build_clients(partition, raw)  # draws only; images are gathered when iterated
         if os.path.abspath(data) == os.path.abspath(out):
             return raw.image_shape, raw.num_classes

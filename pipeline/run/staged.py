@@ -30,6 +30,7 @@ from pipeline.run import files as rf
 from pipeline.run.code import run_code, run_key
 from pipeline.run.folder import clear_run, refuse_foreign
 from pipeline.run.live import FOLDER as LIVE_FOLDER
+from pipeline.run.trackers import FOLDERS as TRACKER_FOLDERS
 from pipeline.run.training import run_training
 
 STORE = Path(".fedrc") / "runs"
@@ -91,10 +92,12 @@ def _publish(folder: Path, out: Path) -> None:
     declared outputs already), config.json names `out`, each file is a hard link where the
     file system allows (a copy elsewhere)."""
     clear_run(out)
-    names = [*rf.TRAIN_FILES, *(p.name for p in folder.glob(rf.MOMENTUM_SNAPSHOTS)), LIVE_FOLDER]
+    snapshots = [p.name for p in folder.glob(rf.MOMENTUM_SNAPSHOTS)]
+    names = [*rf.TRAIN_FILES, *snapshots, LIVE_FOLDER, *TRACKER_FOLDERS]
     for name in names:
         source = folder / name
-        if source.is_dir():
+        if source.is_dir():  # a tracker's folder of the run replaced included
+            shutil.rmtree(out / name, ignore_errors=True)
             shutil.copytree(source, out / name, copy_function=_link_or_copy)
         elif source.is_file():
             _link_or_copy(source, out / name)
