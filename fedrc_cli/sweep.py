@@ -42,8 +42,8 @@ def sweep(
         Path | None,
         typer.Option(
             "--out",
-            help="The sweep's folder: one run folder per point, named by what varies. "
-            "[default: sweep.out, else runs/sweep]",
+            help="The sweep's folder: one run folder per point, named by what varies "
+            "(default: sweep.out, else runs/sweep).",
             file_okay=False,
             show_default=False,
         ),
@@ -74,7 +74,7 @@ def sweep(
 ) -> None:
     """Train, evaluate and plot every point of a grid: algorithms × seeds × settings.
 
-    The grid is params.yaml's `sweep: {out, grid: {KEY: [values]}}` and --grid. Each point is
+    The grid is params.yaml's `sweep: {out, grid: {KEY: values}}` and --grid. Each point is
     an ordinary run folder (`fedrc report OUT` compares them); run again, the command keeps
     the finished runs, resumes the stopped ones from their checkpoints and trains the rest.
     """
@@ -100,8 +100,8 @@ def sweep(
             )
     kept = len(points) - trained
     console.print(
-        f"Done: {counted(len(points), 'run')} in {folder} ({trained} run now, {kept} were "
-        f"finished); compare them with `fedrc report {folder}`",
+        f"Done: {counted(len(points), 'run')} in {folder} ({trained} ran now, {kept} kept "
+        f"as they were); compare them with `fedrc report {folder}`",
         soft_wrap=True,
     )
 

@@ -131,7 +131,7 @@ def test_a_sweep_is_ordinary_runs_kept_when_run_again_and_replaced_on_request(
 ) -> None:
     result = invoke("sweep", *GRID, "--out", "runs/g")
     assert result.exit_code == 0, result.output
-    assert "Done: 4 runs in runs/g (4 run now, 0 were finished)" in result.output
+    assert "Done: 4 runs in runs/g (4 ran now, 0 kept as they were)" in result.output
     names = sorted(p.name for p in (benchmark / "runs/g").iterdir() if p.is_dir())
     assert names == ["fedavg-s0", "fedavg-s1", "fedrc-s0", "fedrc-s1"]
     for name in names:
@@ -145,7 +145,7 @@ def test_a_sweep_is_ordinary_runs_kept_when_run_again_and_replaced_on_request(
 
     before = files(benchmark / "runs/g")
     again = invoke("sweep", *GRID, "--out", "runs/g")
-    assert again.exit_code == 0 and "(0 run now, 4 were finished)" in again.output
+    assert again.exit_code == 0 and "(0 ran now, 4 kept as they were)" in again.output
     assert files(benchmark / "runs/g") == before  # nothing trained, nothing rewritten
 
     (benchmark / "params.yaml").write_text(PARAMS.replace("lr: 0.05", "lr: 0.07"))
@@ -154,7 +154,7 @@ def test_a_sweep_is_ordinary_runs_kept_when_run_again_and_replaced_on_request(
     assert "4 point(s) hold a run of other settings or code" in changed.output
     assert files(benchmark / "runs/g") == before
     replaced = invoke("sweep", *GRID, "--out", "runs/g", "--replace", "--no-plots")
-    assert replaced.exit_code == 0 and "(4 run now" in replaced.output, replaced.output
+    assert replaced.exit_code == 0 and "(4 ran now" in replaced.output, replaced.output
     config = json.loads((benchmark / "runs/g/fedrc-s1/config.json").read_text())
     assert config["lr"] == 0.07 and not (benchmark / "runs/g/fedrc-s1/plots").exists()
 
@@ -219,7 +219,7 @@ def test_an_edited_plugin_changes_its_points_and_their_resolved_code(benchmark: 
     changed = invoke("sweep", "--no-plots")
     assert changed.exit_code == 2 and "(myalgo_MyAlgo)" in changed.output, changed.output
     replaced = invoke("sweep", "--no-plots", "--replace")
-    assert replaced.exit_code == 0 and "(1 run now, 1 were finished)" in replaced.output
+    assert replaced.exit_code == 0 and "(1 ran now, 1 kept as they were)" in replaced.output
     config = json.loads((benchmark / "runs/p/myalgo_MyAlgo/config.json").read_text())
     assert config["settings"]["myalgo:MyAlgo"]["beta"] == 0.5
     sys.modules.pop("myalgo", None)
@@ -309,7 +309,7 @@ def test_a_sweep_killed_with_two_workers_goes_on_where_it_stopped(benchmark: Pat
 
     again = subprocess.run(command, cwd=benchmark, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"({9 - len(finished)} run now, {len(finished)} were finished)" in again.stdout
+    assert f"({9 - len(finished)} ran now, {len(finished)} kept as they were)" in again.stdout
     started = {x.split(":")[0] for x in again.stdout.splitlines() if ": running" in x}
     assert not started & set(kept), again.stdout  # no finished run trained again
     for name, mtime in kept.items():
