@@ -23,6 +23,7 @@ from pipeline.config import EvalConfig, PlotConfig
 
 if TYPE_CHECKING:
     from pipeline.sweep.grid import Point
+    from pipeline.sweep.runner import Runner
 
 GridOption = Annotated[
     list[str] | None,
@@ -51,6 +52,14 @@ def sweep(
     jobs: Annotated[
         int, typer.Option("--jobs", help="Runs at once, each a process with one thread.")
     ] = 1,
+    together: Annotated[
+        int,
+        typer.Option(
+            "--together",
+            help="Runs at once in this process, their local trainings in the same batched "
+            "steps (the batched executor: a GPU). 0: off.",
+        ),
+    ] = 0,
     replace: Annotated[
         bool,
         typer.Option(
@@ -81,6 +90,10 @@ def sweep(
     with user_errors():
         if jobs < 1:
             raise fail(f"--jobs: expected an integer >= 1, got {jobs}")
+        if together < 0:
+            raise fail(f"--together: expected an integer >= 0, got {together}")
+        if together and jobs > 1:
+            raise fail("--together and --jobs: choose one (runs in this process, or processes)")
         from pipeline.config import build_config, read_params
         from pipeline.sweep.grid import read_grid
 
@@ -89,9 +102,8 @@ def sweep(
         eval_config = build_config(EvalConfig, values)
         plot_config = build_config(PlotConfig, values) if plots else None
         with writing("--out", folder):
-            trained, failed = run_sweep(
-                folder, points, (eval_config, plot_config), replace, jobs, drop_checkpoints
-            )
+            runner = choose_runner(jobs, together, drop_checkpoints)
+            trained, failed = run_sweep(folder, points, (eval_config, plot_config), replace, runner)
         if failed:
             raise fail(
                 f"{counted(len(failed), 'run')} of {len(points)} failed "
@@ -106,26 +118,34 @@ def sweep(
     )
 
 
+def choose_runner(jobs: int, together: int, drop_checkpoints: bool) -> Runner:
+    """One point after another, `--jobs` processes, or `--together` runs in this process."""
+    from pipeline.sweep.runner import InProcess, Processes
+
+    if together:
+        from pipeline.sweep.together import Together
+
+        return Together(together, drop_checkpoints)
+    return InProcess(drop_checkpoints) if jobs == 1 else Processes(jobs, drop_checkpoints)
+
+
 def run_sweep(
     folder: Path,
     points: list[Point],
     derived: tuple[EvalConfig, PlotConfig | None],
     replace: bool,
-    jobs: int,
-    drop_checkpoints: bool,
+    runner: Runner,
 ) -> tuple[int, dict[str, str]]:
     """Plan the points under the folder's lock, run what is left; returns how many ran and
     the failed ones with their messages."""
     from fedrc_cli.sweep_progress import Tally, show_as_lines, show_on_terminal
     from pipeline.common.run_lock import writer_lock
     from pipeline.sweep.plan import plan
-    from pipeline.sweep.runner import InProcess, Processes
 
     with writer_lock(folder, "--out", "fedrc sweep"):
         steps = plan(points, folder, *derived, replace)
         todo = [s for s in steps if not s.complete]
         tally = Tally(steps)
-        runner = InProcess(drop_checkpoints) if jobs == 1 else Processes(jobs, drop_checkpoints)
         try:
             if is_terminal():
                 progress, update = show_on_terminal(tally)

@@ -21,7 +21,7 @@ from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
-from pipeline.models import build_model
+from pipeline.models import GLOBAL_RNG, build_model
 from pipeline.models.layout import head_range
 from pipeline.places.communicate import Communicator
 from pipeline.run.clients import LocalClients
@@ -74,13 +74,14 @@ def initial_models(
     executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
-    torch.manual_seed(config.seed)
     shape = data.manifest.image_shape
     flat = []
-    for _ in range(rows):
-        model = build_model(shape, data.num_classes, config.model, config.model_settings)
-        executor.model.load_state_dict(model.state_dict())
-        flat.append(executor.flatten())
+    with GLOBAL_RNG:  # the seeded stream is this run's alone, even beside other runs' threads
+        torch.manual_seed(config.seed)
+        for _ in range(rows):
+            model = build_model(shape, data.num_classes, config.model, config.model_settings)
+            executor.model.load_state_dict(model.state_dict())
+            flat.append(executor.flatten())
     return torch.stack(flat)
 
 

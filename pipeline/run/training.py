@@ -363,15 +363,17 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     on_round: RoundCallback | None = None,
+    executor_factory: ExecutorFactory = make_executor,
 ) -> Path:
-    """Train in this process, or as one rank of a torchrun job (the clients shared out)."""
+    """Train in this process, or as one rank of a torchrun job (the clients shared out).
+    `executor_factory`: how the run's executor is made (a sweep's cohort hands in its own)."""
     if not distributed.launched():
         comm = Communicator(resolve_device(config.device))
-        return train_run(config, comm, resume, overwrite, on_round)
+        return train_run(config, comm, resume, overwrite, on_round, None, executor_factory)
     if config.device == "cuda":
         resolve_device("cuda")  # no GPU: the same one-line error on every rank
     with distributed.Group.start(config.device) as group:
-        return train_run(config, group, resume, overwrite, on_round)
+        return train_run(config, group, resume, overwrite, on_round, None, executor_factory)
 
 
 def train_run(

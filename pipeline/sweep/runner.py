@@ -4,8 +4,9 @@
 plot where they are missing, as `fedrc train`, `fedrc eval` and `fedrc plot` would; its folder
 is an ordinary run folder. A runner takes the steps that need work and a function to which it
 reports what happens (`Event`); a point that fails with a FedrcError is reported and the
-others go on. `Processes` runs `jobs` workers, each with one thread, a point at a time; a
-runner that trains many points in one process (a GPU's batched executor) takes the same steps.
+others go on. `Processes` runs `jobs` workers, each with one thread, a point at a time;
+`Together` (pipeline.sweep.together) trains several points in this process, their local
+trainings in the same batched steps (a GPU).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pipeline.config import EvalConfig, PlotConfig, config_dict
 from pipeline.run import files as rf
 from pipeline.run.derived import EVAL, PLOTS
 from pipeline.run.resolve import from_values
+from pipeline.run.setup import ExecutorFactory, make_executor
 from pipeline.run.training import run_training
 from pipeline.stages import eval_stage, plot_stage
 from pipeline.sweep.plan import Step
@@ -84,14 +86,18 @@ def run_work(work: Work, report: Report) -> None:
     report(Event(work.name, "start"))
     with _warnings_to(work.name, report):
         try:
-            _run(work, report)
+            run_point(work, report)
         except FedrcError as e:
             report(Event(work.name, "failed", text=str(e)))
             return
     report(Event(work.name, "done"))
 
 
-def _run(work: Work, report: Report) -> None:
+def run_point(
+    work: Work, report: Report, executor_factory: ExecutorFactory = make_executor
+) -> None:
+    """A point's train (or resume), eval and plot, as `run_work` without its events: a
+    runner that reports them itself calls this."""
     config = from_values(work.config)
     folder = Path(config.out)
     if work.train or work.resume:
@@ -99,7 +105,13 @@ def _run(work: Work, report: Report) -> None:
         def on_round(row: dict[str, Any]) -> None:
             report(Event(work.name, "round", row["round"]))
 
-        run_training(config, resume=work.resume, overwrite=work.train, on_round=on_round)
+        run_training(
+            config,
+            resume=work.resume,
+            overwrite=work.train,
+            on_round=on_round,
+            executor_factory=executor_factory,
+        )
     if not (folder / EVAL).is_file():
         eval_stage(EvalConfig(**work.eval))
     if work.plot is not None and not (folder / PLOTS).is_dir():
