@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.config import PlotConfig
 from pipeline.data.records import read_manifest
-from pipeline.outputs.plots import class_rows, cluster_shares, final_omega
+from pipeline.outputs.shares import class_rows, cluster_shares, final_omega
 from pipeline.run import files as rf
 from pipeline.stages import plot_stage
 
