@@ -59,17 +59,15 @@ def report(
         typer.Option(
             help="Comma-separated columns of the main table and report.tex: train, local, "
             "global, final_local, final_global, max_global, unlabeled_global, purity, ari, nmi, "
-            "label_purity, local_std, local_worst10, megabytes, seconds, minutes. "
-            "[default: local,global,final_local,final_global,max_global,purity,ari]",
-            show_default=False,
+            "label_purity, local_std, local_worst10, megabytes, seconds, minutes.",
+            show_default="local,global,final_local,final_global,max_global,purity,ari",
         ),
     ] = None,
     at_rounds: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated rounds of the accuracy-at-rounds table. [default: 50,100,150,"
-            "200 where the runs have them, else quarters of the longest run]",
-            show_default=False,
+            help="Comma-separated rounds of the accuracy-at-rounds table.",
+            show_default="50,100,150,200 where the runs have them, else quarters of the longest",
         ),
     ] = None,
     paper: Annotated[

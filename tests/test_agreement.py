@@ -95,3 +95,27 @@ def test_client_spread_is_the_std_and_the_worst_tenth() -> None:
     eleven = [0.0, 1.0] + [0.5] * 9
     assert client_spread(eleven, "x")["x_worst10"] == pytest.approx(0.25)
     assert math.isclose(client_spread([0.3] * 5, "x")["x_std"], 0.0)
+
+
+def test_eval_json_scores_the_final_clusters_and_the_clients_spread(
+    tiny_runs: dict, tmp_path
+) -> None:
+    """eval.json's ARI, NMI and spread are those of eval_clients.json's ω and accuracies."""
+    import json
+    import shutil
+
+    from pipeline.config import EvalConfig
+    from pipeline.stages import eval_stage
+
+    run = tmp_path / "fedrc"
+    shutil.copytree(tiny_runs["fedrc"], run)
+    result = eval_stage(EvalConfig(run=str(run)))
+    clients = [c for c in json.loads((run / "eval_clients.json").read_text()) if c["participating"]]
+    concepts = np.asarray([c["concept"] for c in clients])
+    found = np.asarray([c["omega"] for c in clients]).argmax(1)
+    assert result["concept_ari"] == pytest.approx(adjusted_rand_index(concepts, found))
+    assert result["concept_nmi"] == pytest.approx(normalized_mutual_info(concepts, found))
+    accuracies = sorted(c["test_accuracy"] for c in clients)
+    assert result["final_local_accuracy_std"] == pytest.approx(np.std(accuracies))
+    assert result["final_local_accuracy_worst10"] == pytest.approx(np.mean(accuracies[:2]))
+    assert len(clients) == 12  # ⌈1.2⌉ = 2 of them are the worst 10 %
