@@ -416,6 +416,9 @@ def test_over_time_on_a_hand_made_log() -> None:
     assert second["accuracy_before_drift"] == 0.9 and second["accuracy_after_drift"] == 0.4
     assert second["recovery_rounds"] == 2 and second["drifted_clients"] == 1
     assert second["concept_purity"] == 1.0  # both clients in cluster 1, both of concept 1
+    assert first["concept_ari"] == 1.0 and first["concept_nmi"] == pytest.approx(1.0)
+    # every client holds concept 1 at step 1: one cluster for them is perfect
+    assert second["concept_ari"] == 1.0 and second["concept_nmi"] == 1.0
     assert over["mean_local_accuracy"] == pytest.approx(0.825)
 
 
