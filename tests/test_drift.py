@@ -430,6 +430,6 @@ def test_the_drift_experiment_is_valid() -> None:
     params = read_params(Path(__file__).resolve().parents[1] / "experiments/drift/params.yaml")
     partition = build_config(PartitionConfig, params)
     assert partition.steps == 4 and partition.drift == "fedccfa-recurrent"
-    for algorithm in params["algorithms"]:
+    for algorithm in params["sweep"]["grid"]["algorithm"]:
         config = train_config(params, {"algorithm": algorithm}).over_steps(partition.steps)
         assert config.rounds_per_step * partition.steps == config.rounds

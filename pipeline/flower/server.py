@@ -452,9 +452,9 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
     check_config(config)
     manifest = read_manifest(Path(config.data))
     if not build_algorithm(config, len(manifest.clients), manifest.num_classes).client_part:
-        log.info(
-            "fedrc: %s has no client part: its E-step runs here, from the labels and logits "
-            "the nodes send (docs/flower.md, The fallback)",
+        log.warning(
+            "fedrc: %s has no client part: every node sends its clients' labels and per-sample "
+            "logits here for the E-step; a ClientStep keeps them on the node (docs/plugins.md)",
             config.algorithm,
         )
     nodes = Nodes(grid, manifest, deployment)

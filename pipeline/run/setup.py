@@ -122,6 +122,23 @@ def check_models_fit(k: int, params: int, device: torch.device) -> None:
         )
 
 
+def flat_size(model: torch.nn.Module) -> int:
+    """Length of a model's flat vector: parameters and floating-point buffers (the layout of
+    `SequentialExecutor.num_params`)."""
+    buffers = (b for b in model.buffers() if b.is_floating_point())
+    return sum(t.numel() for t in (*model.parameters(), *buffers))
+
+
+def check_fits(config: TrainConfig, image_shape: tuple[int, int, int], classes: int) -> None:
+    """`check_models_fit` before any data is loaded (`fedrc check`): the model built from the
+    benchmark's image shape and classes on the CPU, the memory of the device the run will use
+    (a GPU asked for and absent is the run's own error)."""
+    gpu = config.device != "cpu" and torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    model = build_model(image_shape, classes, config.model, config.model_settings)
+    check_models_fit(num_models(config), flat_size(model), device)
+
+
 @dataclass
 class Run:
     """What one training run holds on one place."""
