@@ -41,7 +41,9 @@ from pipeline.evaluation.accuracy import (
     summarize,
     unlabeled_omega,
 )
+from pipeline.evaluation.agreement import cluster_agreement
 from pipeline.evaluation.drift_scores import over_time
+from pipeline.evaluation.spread import client_spread
 from pipeline.models.layout import head_range
 from pipeline.places import distributed
 from pipeline.run import files as rf
@@ -277,6 +279,8 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
+        **cluster_agreement(omega[part], concepts[part]),
+        **client_spread(table[:, 1].numpy()[part].tolist(), "final_local_accuracy"),
         "made_from": made_from(model, final["round"], data_hash),
     }
     if data.time_steps > 1:
@@ -433,6 +437,7 @@ def plot_stage(config: PlotConfig) -> list[Path]:
 
 def _plot(config: PlotConfig) -> list[Path]:
     from pipeline.outputs.plots import draw_all  # matplotlib is imported only when plotting
+    from pipeline.outputs.style import FigureStyle
 
     run = Path(config.run)
     train_config = run_config(run)
@@ -446,4 +451,5 @@ def _plot(config: PlotConfig) -> list[Path]:
     name = label if same else f"{label} ({folder})"
     last = max((r["round"] for r in metrics), default=0)
     sources = made_from(model_digest(run), last, digest)
-    return draw_all(run / PLOTS, metrics, assignments, manifest, name, config.dpi, sources)
+    style = FigureStyle(tuple(config.format), font_size=config.font_size, dpi=config.dpi)
+    return draw_all(run / PLOTS, metrics, assignments, manifest, name, style, sources)

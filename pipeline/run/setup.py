@@ -26,6 +26,7 @@ from pipeline.models.layout import head_range
 from pipeline.places.communicate import Communicator
 from pipeline.run.clients import LocalClients
 from pipeline.run.momentum import MomentumStore
+from pipeline.run.traffic import Traffic
 
 # builds a run's executor from its config and data: `make_executor` runs on this process's
 # device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
@@ -151,6 +152,7 @@ class Run:
     models: torch.Tensor
     momentum: MomentumStore
     clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+    traffic: Traffic = field(default_factory=Traffic)  # the round's message bytes, this place
 
 
 @dataclass
