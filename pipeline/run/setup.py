@@ -35,7 +35,8 @@ ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 
 def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings (and the precision) every executor takes."""
+    """The local optimizer's settings (and the precision) every executor takes; `lr` is the
+    first round's, which the round loop replaces when a schedule moves it."""
     return dict(
         lr=config.lr,
         momentum=config.momentum,
@@ -44,6 +45,9 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
         precision=config.precision,
+        optimizer=config.optimizer,
+        betas=(config.local_beta1, config.local_beta2),
+        eps=config.local_eps,
     )
 
 
