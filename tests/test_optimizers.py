@@ -86,7 +86,7 @@ def test_fedadam_moves_every_coordinate_by_about_eta(tiny_data: Path, tmp_path: 
     torch.testing.assert_close(step, expected, atol=1e-6, rtol=1e-4)
     moved = delta.abs() > 1e-2  # ≥ 10 τ: from 0.4 η (|Δ| = 10 τ) to η (|Δ| ≫ τ)
     sizes, steps = delta[moved].abs(), step[moved].abs()
-    assert 0.004 < float(steps.min()) and float(steps.max()) <= 0.01
+    assert float(steps.min()) > 0.004 and float(steps.max()) <= 0.01
     spread = float(sizes.max() / sizes.min())  # FedAvg's steps differ by this factor
     assert spread > 2 * float(steps.max() / steps.min())
 
@@ -258,6 +258,17 @@ def test_flash_step_turns_back_past_its_pole() -> None:
     (docs/authors-check.md)."""
     flash, adam = flash_after(0.5)
     assert flash < 0 < adam
+
+
+def test_flash_clients_stop_early(tiny_data: Path, tmp_path: Path) -> None:
+    """A γ no loss gain reaches: every client stops after its second epoch, so 4 epochs at that
+    γ are 2 epochs (the same batches, the same models); γ = 0 trains all 4."""
+    values = dict(algorithm="flash", rounds=1)
+    stop = run(tiny_data, tmp_path / "stop", **values, local_epochs=4, gamma=1e6)
+    two = run(tiny_data, tmp_path / "two", **values, local_epochs=2)
+    four = run(tiny_data, tmp_path / "four", **values, local_epochs=4, gamma=0.0)
+    models = [load_state(r / MODEL)["models"] for r in (stop, two, four)]
+    assert torch.equal(models[0], models[1]) and not torch.equal(models[0], models[2])
 
 
 def test_flash_refuses_another_server_optimizer() -> None:

@@ -99,7 +99,9 @@ class Algorithm(ABC):
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
     describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
-    needs_sequential: ClassVar[bool] = False  # its tasks use `LocalTask.stages` (FedCCFA)
+    # its tasks need the sequential executor: `LocalTask.stages` (FedCCFA), `stop_gain` (Flash)
+    needs_sequential: ClassVar[bool] = False
+    staged: ClassVar[bool] = False  # its tasks use `LocalTask.stages`, which Flower cannot carry
     # how a new client is assigned without its labels (`assign_unlabeled`), for reports
     unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the

@@ -123,7 +123,7 @@ def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Te
 @described("fedccfa")
 class FedCCFA(Algorithm):
     personal_models = True
-    needs_sequential = True  # staged local training (`LocalTask.stages`)
+    needs_sequential = staged = True  # staged local training (`LocalTask.stages`)
     settings: FedCCFASettings
 
     @classmethod

@@ -57,12 +57,13 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
+    staged tasks, early stopping) gets the plain loop under `auto` and refuses `batched`."""
     sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
     if sequential_only and config.executor == "batched":
+        how = "trains in stages" if ALGORITHMS.get(config.algorithm).staged else "stops early"
         raise FedrcError(
-            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
-            "executor runs; use auto or sequential"
+            f"train.executor: {config.algorithm} {how}, which only the sequential executor "
+            "runs; use auto or sequential"
         )
     shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.model_settings)
