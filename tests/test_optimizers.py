@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.algorithms import build_algorithm
+from pipeline.algorithms import BUILT_IN, build_algorithm
 from pipeline.algorithms.server_opt import ServerOptimizer
 from pipeline.common.errors import FedrcError, FedrcWarning
 from pipeline.data.shards import load_federated
@@ -21,6 +21,7 @@ from pipeline.run.schedule import scheduled_lr
 from pipeline.run.setup import initial_models, make_executor
 from pipeline.stages import run_config, train_stage
 
+ALGORITHMS = tuple(BUILT_IN)
 TINY = dict(rounds=3, local_epochs=2, batch_size=16, lr=0.05, clusters=2, device="cpu")
 
 
@@ -115,6 +116,31 @@ def test_server_moments_survive_a_resume(algorithm: str, tiny_data: Path, tmp_pa
     models = load_state(full / MODEL)["models"]
     assert state["m"].shape == state["v"].shape == models.shape
     assert torch.equal(state["last"], models)
+
+
+GOLDEN_SETTINGS = {  # as tests/test_golden.py: settings that reach each method's every rule
+    "cfl": {"cfl_eps1": 10.0, "cfl_eps2": 0.01},
+    "ifca-cam": {"warmup_rounds": 1},
+    "fesem-cam": {"warmup_rounds": 1},
+    "flux": {"cluster_round": 2},
+    "fedccfa": {"align_after": 1},
+}
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "flash"])
+def test_every_averaging_method_takes_a_server_optimizer(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """FedYogi on every built-in (Flash has its own server step): two rounds run to finite
+    numbers, with a moment per coordinate of every model row in model.pt."""
+    values = dict(algorithm=algorithm, rounds=2, local_epochs=1, server_opt="yogi",
+                  server_lr=0.01, **GOLDEN_SETTINGS.get(algorithm, {}))  # fmt: skip
+    out = run(tiny_data, tmp_path, **values)
+    state = load_state(out / MODEL)
+    moments = state["algorithm"]["server_opt"]
+    assert moments["m"].shape == moments["v"].shape == state["models"].shape
+    assert bool(torch.isfinite(state["models"]).all())
+    assert all(math.isfinite(r["train_loss"]) for r in read_metrics(out / METRICS))
 
 
 def test_an_adaptive_server_at_eta_one_warns(tiny_data: Path, tmp_path: Path) -> None:

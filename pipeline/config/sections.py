@@ -129,7 +129,7 @@ class TrainConfig:
     # Local SGD
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(128, "Local mini-batch size.")
-    lr: float = option(0.1, "Local SGD learning rate.")
+    lr: float = option(0.1, "Local learning rate (a schedule's at round 1).")
     momentum: float = option(0.9, "SGD momentum.")
     weight_decay: float = option(0.0, "SGD weight decay.")
     drop_last: bool = option(False, "Drop each epoch's last incomplete batch.")
@@ -158,7 +158,7 @@ class TrainConfig:
     )
     lr_step_rounds: int = option(50, "step: rounds between two decays.")
     lr_gamma: float = option(0.1, "step: the factor of each decay.")
-    lr_min: float = option(0.0, "cosine: the last round's lr.")
+    lr_min: float = option(0.0, "cosine: the lr it decays to, from round lr_period + 1.")
     lr_period: int | None = option(
         None, "cosine: rounds from lr to lr_min (none: train.rounds, fixed when the run starts)."
     )
