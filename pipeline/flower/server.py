@@ -273,6 +273,14 @@ class FlowerPlace(Communicator):
     def __init__(self, nodes: Nodes) -> None:
         super().__init__(torch.device("cpu"))
         self.nodes = nodes
+        self.counted = dict(nodes.traffic)  # the greetings before round 1 are not a round's
+
+    def measured_bytes(self) -> dict[str, int]:
+        """The bytes of records sent to and received from the nodes since the last call."""
+        now = dict(self.nodes.traffic)
+        measured = {f"flower_bytes_{k}": now[k] - self.counted[k] for k in now}
+        self.counted = now
+        return measured
 
     def present(self, clients: list[int]) -> list[int]:
         self.nodes.refresh()
@@ -340,7 +348,11 @@ class RemoteExecutor(SequentialExecutor):
             batches[-1].append(job)
         batches = [(node, batch) for node, batch_list in by_node.items() for batch in batch_list]
         requests = [
-            (node, wire.TRAIN, wire.train_request([wire.TrainJob(t, r, s) for t, r, _, s in batch]))
+            (
+                node,
+                wire.TRAIN,
+                wire.train_request([wire.TrainJob(t, r, s) for t, r, _, s in batch], self.lr),
+            )
             for node, batch in batches
         ]
         batch_of = {id(request[2]): batch for request, (_, batch) in zip(requests, batches)}
@@ -382,7 +394,8 @@ class RemoteClients(LocalClients):
                     (c, work.steps[c], data.images[data.train_slices[c]], work.seeds[c])
                     for c in batch
                 ]
-                requests.append((node, wire.STEPS, wire.steps_request(models, parts)))
+                request = wire.steps_request(models, parts, self.executor.lr)
+                requests.append((node, wire.STEPS, request))
         for _, content in self.executor.nodes.exchange(requests, "local training"):
             error = wire.failed(content)
             if error is not None:  # a diverged training (`exchange` raised any other error)
@@ -454,18 +467,12 @@ def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overw
     data = server_data(manifest, nodes.labels)
     place = FlowerPlace(nodes)
 
-    sent = {"sent": 0, "received": 0}
-
     def report(row: dict) -> None:
-        """One line a round in the ServerApp's log (`flwr run --stream`, `flwr log`), with the
-        bytes of records sent to and received from the nodes in that round."""
-        traffic = {k: v - sent[k] for k, v in nodes.traffic.items()}
-        sent.update(nodes.traffic)
+        """One line a round in the ServerApp's log (`flwr run --stream`, `flwr log`): the
+        row's numbers, among them the bytes of records sent to and received from the nodes in
+        that round (`flower_bytes_sent`, `flower_bytes_received`; metrics.jsonl has them too)."""
         numbers = {k: v for k, v in row.items() if isinstance(v, int | float)}
-        log.info(
-            "fedrc round %s",
-            json.dumps({**numbers, **{f"bytes_{k}": v for k, v in traffic.items()}}),
-        )
+        log.info("fedrc round %s", json.dumps(numbers))
 
     try:
         return train_run(

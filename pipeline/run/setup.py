@@ -21,11 +21,12 @@ from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.engine.rows import available_memory
-from pipeline.models import build_model
+from pipeline.models import GLOBAL_RNG, build_model
 from pipeline.models.layout import head_range
 from pipeline.places.communicate import Communicator
 from pipeline.run.clients import LocalClients
 from pipeline.run.momentum import MomentumStore
+from pipeline.run.traffic import Traffic
 
 # builds a run's executor from its config and data: `make_executor` runs on this process's
 # device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
@@ -35,7 +36,8 @@ ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 
 def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings (and the precision) every executor takes."""
+    """The local optimizer's settings (and the precision) every executor takes; `lr` is the
+    first round's, which the round loop replaces when a schedule moves it."""
     return dict(
         lr=config.lr,
         momentum=config.momentum,
@@ -44,6 +46,9 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
         precision=config.precision,
+        optimizer=config.optimizer,
+        betas=(config.local_beta1, config.local_beta2),
+        eps=config.local_eps,
     )
 
 
@@ -53,12 +58,13 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
+    staged tasks, early stopping) gets the plain loop under `auto` and refuses `batched`."""
     sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
     if sequential_only and config.executor == "batched":
+        how = "trains in stages" if ALGORITHMS.get(config.algorithm).staged else "stops early"
         raise FedrcError(
-            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
-            "executor runs; use auto or sequential"
+            f"train.executor: {config.algorithm} {how}, which only the sequential executor "
+            "runs; use auto or sequential"
         )
     shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.model_settings)
@@ -74,13 +80,14 @@ def initial_models(
     executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
-    torch.manual_seed(config.seed)
     shape = data.manifest.image_shape
     flat = []
-    for _ in range(rows):
-        model = build_model(shape, data.num_classes, config.model, config.model_settings)
-        executor.model.load_state_dict(model.state_dict())
-        flat.append(executor.flatten())
+    with GLOBAL_RNG:  # the seeded stream is this run's alone, even beside other runs' threads
+        torch.manual_seed(config.seed)
+        for _ in range(rows):
+            model = build_model(shape, data.num_classes, config.model, config.model_settings)
+            executor.model.load_state_dict(model.state_dict())
+            flat.append(executor.flatten())
     return torch.stack(flat)
 
 
@@ -104,6 +111,23 @@ def check_models_fit(k: int, params: int, device: torch.device) -> None:
         )
 
 
+def flat_size(model: torch.nn.Module) -> int:
+    """Length of a model's flat vector: parameters and floating-point buffers (the layout of
+    `SequentialExecutor.num_params`)."""
+    buffers = (b for b in model.buffers() if b.is_floating_point())
+    return sum(t.numel() for t in (*model.parameters(), *buffers))
+
+
+def check_fits(config: TrainConfig, image_shape: tuple[int, int, int], classes: int) -> None:
+    """`check_models_fit` before any data is loaded (`fedrc check`): the model built from the
+    benchmark's image shape and classes on the CPU, the memory of the device the run will use
+    (a GPU asked for and absent is the run's own error)."""
+    gpu = config.device != "cpu" and torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    model = build_model(image_shape, classes, config.model, config.model_settings)
+    check_models_fit(num_models(config), flat_size(model), device)
+
+
 @dataclass
 class Run:
     """What one training run holds on one place."""
@@ -116,6 +140,7 @@ class Run:
     models: torch.Tensor
     momentum: MomentumStore
     clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+    traffic: Traffic = field(default_factory=Traffic)  # the round's message bytes, this place
 
 
 @dataclass
