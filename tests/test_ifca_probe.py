@@ -28,3 +28,16 @@ def test_the_reader_counts_members_per_model_and_finds_empty_rounds(
     empty = [r for r, row in zip(rounds, counts) if (row == 0).any()]
     assert f"a model without members in {len(empty)} " in line
     assert f"at the last round {counts[-1].tolist()}" in line
+    dead = probe.dead_models(run, 10)
+    assert line.endswith(f"dead at the end: {dead}")
+    assert bool(dead) == bool(empty)  # a zeroed model stays dead; none zeroed, none dead
+
+
+def test_a_zeroed_model_is_dead_but_for_its_output_bias(tmp_path: Path) -> None:
+    import torch
+
+    probe = load_script(EXPERIMENTS / "fmnist" / "ifca_empty_clusters.py")
+    models = torch.tensor([[0.0, 0.0, 0.0, 0.3, -0.1], [0.0, 0.2, 0.0, 0.0, 0.0]])
+    rf.save_state(tmp_path / rf.MODEL, {"models": models})
+    assert probe.dead_models(tmp_path, 2) == [0]  # model 1 has a weight left
+    assert probe.dead_models(tmp_path / "none", 2) is None

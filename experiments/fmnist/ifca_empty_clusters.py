@@ -4,8 +4,10 @@ finished run folders, not a stage.
 
 For each run it prints whether it zeroed such models, the rounds in which a model had no member
 among the participating clients (from assignments.parquet: every evaluated round, so with
-`eval_every: 1` every round), and the fewest members each model had. Run from the repository
-root:
+`eval_every: 1` every round), the fewest members each model had, and, where the run's model.pt
+is there, which models ended dead: all zeros but the output bias, the only part of a zeroed
+ReLU network that still learns (so a zeroing between two evaluated rounds shows too). Run from
+the repository root:
 
     PYTHONPATH=. python experiments/fmnist/ifca_empty_clusters.py RUN [RUN ...]
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.records import read_manifest
 from pipeline.run import files as rf
 from pipeline.stages import run_config
 
@@ -35,17 +38,27 @@ def members(run: Path) -> tuple[list[int], np.ndarray]:
     return rounds, counts
 
 
+def dead_models(run: Path, classes: int) -> list[int] | None:
+    """The models of the run's model.pt that are zero but for their last `classes` numbers (the
+    output bias); None without a model.pt (a GPU check keeps only its digest)."""
+    if not (run / rf.MODEL).is_file():
+        return None
+    models = rf.load_state(run / rf.MODEL)["models"]
+    return [k for k, row in enumerate(models) if not row[:-classes].any()]
+
+
 def summary(run: Path) -> str:
     config = run_config(run)
     zeroing = bool(getattr(config.algorithm_settings, "zero_empty", False))
     rounds, counts = members(run)
     empty = [r for r, row in zip(rounds, counts) if (row == 0).any()]
     shown = ", ".join(map(str, empty[:10])) + (" …" if len(empty) > 10 else "")
+    dead = dead_models(run, read_manifest(Path(config.data)).num_classes)
     return (
         f"{run}: {config.algorithm}, zero_empty {zeroing}; {len(rounds)} rounds read; "
         f"a model without members in {len(empty)} ({shown or 'none'}); "
         f"fewest members per model {counts.min(0).tolist()}, at the last round "
-        f"{counts[-1].tolist()}"
+        f"{counts[-1].tolist()}; dead at the end: {'no model.pt' if dead is None else dead}"
     )
 
 
