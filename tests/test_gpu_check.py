@@ -311,13 +311,18 @@ def test_a_first_plan_state_goes_on_with_its_runs_as_the_lr_0_1_trials(
 
 
 def test_the_gpu_results_of_the_first_plan_go_on_under_the_lr_grid(capsys) -> None:
-    """The committed results folder (seed 0 at lr 0.1 of six algorithms, the first plan) is
-    continued, not started over: its runs are this plan's correct lr-0.1 trials."""
+    """The committed results folder (begun under the first plan: seed 0 at lr 0.1) is continued,
+    not started over: its first-plan runs are this plan's correct lr-0.1 trials."""
     from benchmarks.gpu_check import main
+    from benchmarks.gpu_plan import grid
+    from benchmarks.gpu_results import read_state
 
-    assert main(["--list"]) == 0
-    out = capsys.readouterr().out
-    listed = re.findall(r"\| \d+ \| (\S+) \|", out)
-    assert len(listed) == 7 * 3 * 4 + 4 * 3 * 4 - 6 and "fedsoft-lr0.1-s0" in listed
-    assert not {"fedrc-lr0.1-s0", "ifca-lr0.1-s0", "cfl-lr0.1-s0"} & set(listed)
-    assert listed[:3] == ["fedrc-lr0.06-s0", "fedem-lr0.06-s0", "fedavg-lr0.06-s0"]
+    results = ROOT / "experiments" / "fmnist" / "results" / "gpu-300clients-200rounds"
+    assert main(["--list", "--results", str(results)]) == 0
+    listed = re.findall(r"\| \d+ \| (\S+) \|", capsys.readouterr().out)
+    table1 = ["fedrc", "fedem", "fedavg", "fesem", "ifca", "cfl", "fedsoft"]
+    names = {t.name for t in grid(table1, [0, 1, 2], [0.06, 0.1, 0.03, 0.01], True, set())}
+    assert len(set(listed)) == len(listed) and set(listed) <= names
+    first_plan = [m for n in read_state(results).done if (m := re.fullmatch(r"(\w+)-s(\d)", n))]
+    assert first_plan  # the six seed-0 runs of the first plan
+    assert not {f"{a}-lr0.1-s{s}" for a, s in (m.groups() for m in first_plan)} & set(listed)
