@@ -33,6 +33,24 @@ def test_the_reader_counts_members_per_model_and_finds_empty_rounds(
     assert bool(dead) == bool(empty)  # a zeroed model stays dead; none zeroed, none dead
 
 
+def test_a_run_kept_without_its_model_needs_no_benchmark(tiny_data: Path, tmp_path: Path) -> None:
+    """A GPU check keeps a run without model.pt, read where its benchmark was never made."""
+    import json
+    import shutil
+
+    probe = load_script(EXPERIMENTS / "fmnist" / "ifca_empty_clusters.py")
+    config = dict(TINY_TRAIN, clusters=2, eval_every=1)
+    run = train_stage(
+        make_config(data=str(tiny_data), algorithm="ifca", out=str(tmp_path / "r"), **config)
+    )
+    kept = tmp_path / "kept"
+    shutil.copytree(run, kept, ignore=shutil.ignore_patterns(rf.MODEL))
+    stored = json.loads((kept / "config.json").read_text())
+    stored["data"] = str(tmp_path / "elsewhere")
+    (kept / "config.json").write_text(json.dumps(stored))
+    assert probe.summary(kept).endswith("dead at the end: no model.pt")
+
+
 def test_a_zeroed_model_is_dead_but_for_its_output_bias(tmp_path: Path) -> None:
     import torch
 

@@ -53,7 +53,9 @@ def summary(run: Path) -> str:
     rounds, counts = members(run)
     empty = [r for r, row in zip(rounds, counts) if (row == 0).any()]
     shown = ", ".join(map(str, empty[:10])) + (" …" if len(empty) > 10 else "")
-    dead = dead_models(run, read_manifest(Path(config.data)).num_classes)
+    # Without a model.pt (a GPU check's run) the benchmark need not be on this machine either.
+    has_model = (run / rf.MODEL).is_file()
+    dead = dead_models(run, read_manifest(Path(config.data)).num_classes) if has_model else None
     return (
         f"{run}: {config.algorithm}, zero_empty {zeroing}; {len(rounds)} rounds read; "
         f"a model without members in {len(empty)} ({shown or 'none'}); "
@@ -63,7 +65,7 @@ def summary(run: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("runs", nargs="+", type=Path, help="IFCA or FeSEM run folders")
     for run in parser.parse_args().runs:
         print(summary(run))
