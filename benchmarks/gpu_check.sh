@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/gpu_check.sh --budget-min 45 --data-root DIR --pack OUT.tar.gz
 #   bash benchmarks/gpu_check.sh --continue --data-root DIR --pack OUT.tar.gz
-#   bash benchmarks/gpu_check.sh --dry-run --budget-min 5   # every step at toy size on the CPU
+#   bash benchmarks/gpu_check.sh --dry-run --budget-min 12   # every step at toy size on the CPU
 #
 # The dry run (CI) runs the check three times into a temporary folder, on FedRC, IFCA and IFCA as
 # released × lrs 0.1 and 0.03 × two seeds (the second seed at the lr the first picked, then at
