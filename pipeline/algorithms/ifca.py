@@ -3,8 +3,9 @@
 Client i picks k* = argmin_k (1/N_i) Σ_j f(x_ij, y_ij; θ_k) with the models it just received,
 trains only θ_{k*}, and the server averages each model over its members (N_i-weighted). A model
 with no member this round keeps its parameters. The FedRC authors' release zeroes it instead
-(`zero_empty`, protocol §2): a zeroed ReLU network passes no gradient to any weight, so the
-model can only learn its output bias, a label prior, from then on.
+(`zero_empty`, protocol §2): a zeroed ReLU network passes no gradient to any weight but its
+output bias, a label prior; only SGD momentum that a client kept from training the model before
+(`profile: reference`) moves its other weights again.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def released_suffix(settings: Settings) -> str:
 @dataclass(frozen=True)
 class ZeroEmptySettings(Settings):
     """The released aggregation of IFCA and FeSEM: `average_learners` over no member fills the
-    model with zeros, and a zeroed ReLU network learns nothing but its output bias."""
+    model with zeros, and a zeroed ReLU network gets a gradient for nothing but its output bias
+    (a client's kept momentum can still move the rest)."""
 
     zero_empty: bool = setting(
         False, "as released: a model that no sampled client chose is set to all zeros"
