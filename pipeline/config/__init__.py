@@ -8,8 +8,10 @@ from pipeline.config.params import (
     SECTIONS,
     build_config,
     checked_values,
+    did_you_mean,
+    mapping,
     read_params,
-    refuse_non_finite,
+    refuse_unusable,
     section,
 )
 from pipeline.config.sections import (
@@ -40,7 +42,9 @@ __all__ = [
     "build_config",
     "checked_values",
     "config_dict",
+    "did_you_mean",
+    "mapping",
     "read_params",
-    "refuse_non_finite",
+    "refuse_unusable",
     "section",
 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import FedrcError
+from pipeline.common.reading import parse_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -491,7 +492,7 @@ def read_manifest(folder: Path, option: str = "--data") -> Manifest:
     if not path.is_file():
         raise FedrcError(f"{option}: {path} not found (run `fedrc partition` first)")
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: corrupt manifest ({e})") from None
     return Manifest.from_json(data, path)

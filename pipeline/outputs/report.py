@@ -32,6 +32,7 @@ from pipeline.algorithms import ALGORITHMS, num_models
 from pipeline.algorithms.base import HardClustering
 from pipeline.common.errors import FedrcError, counted
 from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import writer_lock
 from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
@@ -142,7 +143,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise FedrcError(f"{path.parent}: no {path.name} ({what})")
     try:
-        value = json.loads(path.read_text())
+        value = parse_json(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(value, dict):
@@ -212,7 +213,7 @@ def check_clients(path: Path) -> None:
     if not path.is_file():
         return  # a copy of a run kept without it (`benchmarks/gpu_results.py`)
     try:
-        clients = json.loads(path.read_text())
+        clients = parse_json(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: not valid JSON ({e})") from None
     ok = isinstance(clients, list) and len(clients) > 0

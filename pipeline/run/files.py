@@ -33,6 +33,7 @@ import torch
 
 from pipeline.common.errors import FedrcError
 from pipeline.common.io import atomic_file, naming, read_parquet
+from pipeline.common.reading import parse_json
 from pipeline.data.records import ClientRecord
 
 CONFIG = "config.json"
@@ -147,7 +148,7 @@ def load_state(path: Path) -> dict[str, Any]:
 def state_identity(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     """The configuration a checkpoint or model.pt was written with (TrainConfig.identity())."""
     try:
-        identity = json.loads(state["identity"])
+        identity = parse_json(state["identity"])
     except (KeyError, TypeError, json.JSONDecodeError):
         raise FedrcError(f"{path}: not a fedrc checkpoint (no configuration recorded)") from None
     if not isinstance(identity, dict):
@@ -191,7 +192,7 @@ def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]
     rows = []
     for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
+            row = parse_json(line)
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
                 raise ValueError
         except ValueError:  # JSONDecodeError included
