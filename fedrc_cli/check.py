@@ -31,9 +31,9 @@ def check(
 ) -> None:
     """Check params.yaml's partition, train, eval and plot sections as their commands would,
     and that the folders they write can be written."""
-    from pipeline.stages import CHECKED, check_stage, write_resolved  # torch: options read first
-
     with user_errors(), writing("--out", *([out] if out is not None else [])):
+        from pipeline.stages import CHECKED, check_stage, write_resolved  # torch: options first
+
         resolved = check_stage(read_params(params))
         for key, (section, field) in OUTPUTS.items():
             writable_output(key, resolved[section][field])
