@@ -16,6 +16,7 @@ from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
 from pipeline.common.errors import FedrcError, first_few
 from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import writer_lock
 from pipeline.config import (
     EvalConfig,
@@ -84,11 +85,23 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
 
     A benchmark already in `config.out` is replaced only with `overwrite` (runs trained on it
     would no longer evaluate); a folder holding anything else is never replaced."""
+    refuse_replacing_here(Path(config.out))
     with writer_lock(config.out, "--out", "fedrc partition", beside=True):
         check_partition_out(Path(config.out), overwrite)
         out = Path(os.path.abspath(config.out))  # "." and "x/.." have a name here
         remove_leftovers(out.parent, [out.name])  # a killed partition's temporary folder
         return write_benchmark(config, load_dataset(config.dataset, config.data_root))
+
+
+def refuse_replacing_here(out: Path) -> None:
+    """`--out` is replaced whole (moved aside, then removed): never the current folder, one
+    holding it, or the file system's root."""
+    target, here = Path(os.path.realpath(out)), Path(os.path.realpath("."))
+    if target == target.parent or target == here or target in here.parents:
+        raise FedrcError(
+            f"--out: {out} is the current folder or holds it, and fedrc replaces --out whole; "
+            "name a folder of its own (e.g. data/federated)"
+        )
 
 
 def check_partition_out(out: Path, overwrite: bool) -> None:
@@ -121,7 +134,7 @@ def run_config(run: Path, option: str = "--run") -> TrainConfig:
     if not path.is_file():
         raise FedrcError(f"{option}: {path} not found (is {run} a `fedrc train` output?)")
     try:
-        values = json.loads(path.read_text())
+        values = parse_json(path.read_text())
         if not isinstance(values, dict):
             raise TypeError("not a mapping")
         values.pop("data_digest", None)

@@ -11,13 +11,13 @@ it is started over, with a warning saying what was there.
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from pathlib import Path
 
 from pipeline.common.errors import FedrcError, FedrcWarning, first_few
-from pipeline.common.io import remove_leftovers
+from pipeline.common.io import is_temporary, remove_leftovers
+from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import LOCK
 from pipeline.data.records import MANIFEST
 from pipeline.run import files as rf
@@ -35,7 +35,7 @@ def is_run_file(name: str) -> bool:
         return True
     if any(Path(name).match(p) for p in (rf.MOMENTUM_SNAPSHOTS, MOMENTUM_LIVE)):
         return True
-    return name.startswith(".") and (".tmp-" in name or ".old-" in name)  # a write's temporary
+    return is_temporary(name)  # a write's temporary
 
 
 def foreign_names(out: Path) -> list[str]:
@@ -50,7 +50,7 @@ def foreign_names(out: Path) -> list[str]:
 
 def _is_run_config(path: Path) -> bool:
     try:
-        values = json.loads(path.read_text())
+        values = parse_json(path.read_text())
     except (OSError, ValueError):
         return False
     return isinstance(values, dict) and "data_digest" in values and "algorithm" in values

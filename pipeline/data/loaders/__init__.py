@@ -39,7 +39,13 @@ STREAM_SUMMARIES = {  # tabular drift streams (docs/streams.md), concepts native
 
 def _stream(name: str) -> DatasetSpec:
     return DatasetSpec(
-        name, STREAM_SUMMARIES[name], lambda root: load_stream(name), 2, 1, tabular=True
+        name,
+        STREAM_SUMMARIES[name],
+        lambda root: load_stream(name),
+        2,
+        1,
+        tabular=True,
+        reads_files=False,
     )
 
 
@@ -87,6 +93,7 @@ BUILT_IN = {
             lambda root: make_synthetic(),
             10,
             1,
+            reads_files=False,
         ),
         DatasetSpec(
             "folder",
@@ -96,6 +103,16 @@ BUILT_IN = {
         *(_stream(name) for name in STREAM_SUMMARIES),
     )
 }
+
+
+def check_data_root(spec: DatasetSpec, data_root: str | None) -> None:
+    """A `--data-root` the dataset would ignore is refused: the run would record a path its
+    data did not come from."""
+    if data_root is not None and not spec.reads_files:
+        raise FedrcError(
+            f"--data-root: {spec.name} reads no files (its samples are generated); leave "
+            "--data-root out"
+        )
 
 
 def _not_a_dataset(obj: Any) -> str | None:
@@ -109,6 +126,7 @@ DATASETS = Registry("dataset", "--dataset", lambda: BUILT_IN, _not_a_dataset)
 
 def load_dataset(name: str, data_root: str | None) -> RawDataset:
     spec = DATASETS.get(name, "partition.dataset")
+    check_data_root(spec, data_root)
     raw = spec.load(data_root)
     if spec.num_classes is not None and raw.num_classes != spec.num_classes:
         raise FedrcError(
