@@ -15,7 +15,7 @@ from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
 from pipeline.common.errors import FedrcError, first_few
-from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.io import atomic_files, json_text, remove_leftovers
 from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import writer_lock
 from pipeline.config import (
@@ -43,7 +43,16 @@ from pipeline.evaluation.accuracy import (
 from pipeline.evaluation.drift_scores import over_time
 from pipeline.models.layout import head_range
 from pipeline.run import files as rf
-from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
+from pipeline.run.assignments import read_assignments
+from pipeline.run.derived import (
+    EVAL,
+    EVAL_CLIENTS,
+    PLOTS,
+    foreign_plots,
+    made_from,
+    model_digest,
+    state_digest,
+)
 from pipeline.run.resolve import from_values, recorded_identity, train_config
 from pipeline.run.training import make_executor, resolve_device, run_training
 
@@ -211,20 +220,22 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
-        "made_from": made_from(model, final["round"], data_hash),
     }
+    clients_text = json_text(_client_rows(data, table, omega))
+    result["made_from"] = made_from(model, final["round"], data_hash, clients_text)
     if data.time_steps > 1:
-        assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+        identity = rf.run_identity(train_config, data_hash)
+        assignments = read_assignments(
+            run / rf.ASSIGNMENTS, identity, len(data.clients), rf.evaluated_rounds(metrics)
+        )
         per_step = train_config.rounds_per_step or train_config.rounds // data.time_steps
         result["over_time"] = over_time(
             metrics, assignments, data.benchmark, per_step, final["round"], prefix
         )
     require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
-    with atomic_files(run / EVAL, run / EVAL_CLIENTS) as (tmp, tmp_clients):
-        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        tmp_clients.write_text(
-            json.dumps(_client_rows(data, table, omega), indent=2, sort_keys=True) + "\n"
-        )
+    with atomic_files(run / EVAL_CLIENTS, run / EVAL) as (tmp_clients, tmp):
+        tmp_clients.write_text(clients_text)
+        tmp.write_text(json_text(result))
     return result
 
 
@@ -276,9 +287,11 @@ def _checked_final(
     executor = make_executor(train_config, data, device)
     head = head_range(executor.model)
     algorithm = build_algorithm(train_config, len(data.clients), data.num_classes, head)
+    flat = executor.flatten()
     expect = rf.Expected(
         rounds=train_config.rounds,
-        models=(algorithm.num_rows, executor.flatten().numel()),
+        models=(algorithm.num_rows, flat.numel()),
+        dtype=flat.dtype,
         omega=tuple(algorithm.omega_table().shape),
         algorithm=algorithm.state_dict(),
         metrics=run / rf.METRICS,
@@ -362,6 +375,12 @@ def plot_stage(config: PlotConfig) -> list[Path]:
     """plots/ in the run folder, which is held while it is drawn (`pipeline.common.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc plot", create=False):
         remove_leftovers(Path(config.run), [PLOTS])  # a killed plot's temporary folder
+        foreign = foreign_plots(Path(config.run) / PLOTS)
+        if foreign:
+            raise FedrcError(
+                f"--run: {Path(config.run) / PLOTS} holds files fedrc did not write "
+                f"({first_few(foreign)}); `fedrc plot` replaces the folder whole: move them out"
+            )
         return _plot(config)
 
 
@@ -373,7 +392,9 @@ def _plot(config: PlotConfig) -> list[Path]:
     manifest = read_manifest(Path(train_config.data))
     digest = check_benchmark(run, train_config.data, manifest)
     metrics = rf.read_metrics(run / rf.METRICS)
-    assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+    identity = rf.run_identity(train_config, digest)
+    clients, rounds = len(manifest.clients), rf.evaluated_rounds(metrics)
+    assignments = read_assignments(run / rf.ASSIGNMENTS, identity, clients, rounds)
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
     folder = run.resolve().name  # runs/fedrc: "FedRC", not "FedRC (fedrc)"
     same = folder.lower() in (train_config.algorithm.lower(), label.lower())

@@ -9,9 +9,11 @@ a read-only file system is named as such, and a failed command leaves no empty f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 import types
 from pathlib import Path
@@ -102,27 +104,94 @@ def test_a_failed_extension_leaves_the_finished_run_whole(here: Path, monkeypatc
     assert rf.load_state(Path("r/model.pt"))["round"] == 3
 
 
-def test_an_extension_stopped_at_its_checkpoint_is_resumable(here: Path, monkeypatch) -> None:
-    """Past the point where the extension writes its files, the folder is an unfinished 3-round
-    run, not a 2-round model beside a 3-round config.json: a plain `--resume` finishes it."""
-    real = Path.write_bytes
+@pytest.mark.parametrize(
+    ("fault", "file"),
+    [
+        (errno.ENOSPC, "checkpoint.pt"),
+        (errno.EFBIG, "checkpoint.pt"),
+        (errno.ENOSPC, "config.json"),
+    ],
+)
+def test_an_extension_that_cannot_write_its_checkpoint_leaves_the_run_whole(
+    here: Path, monkeypatch, fault: int, file: str
+) -> None:
+    """A full disk or a file-size limit at the extension's first checkpoint (whichever of its
+    files it hits): nothing the finished run holds was removed or rewritten, model.pt, eval.json
+    and plots/ included; the same command later extends it."""
+    real = Path.write_bytes if file.endswith(".pt") else Path.write_text
 
-    def disk_full_at_checkpoint(self, data):
-        if self.name.startswith(".checkpoint.pt.tmp"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(self, data)
+    def failing(self, data, *args, **kwargs):
+        if self.name.startswith(f".{file}.tmp"):
+            raise OSError(fault, os.strerror(fault))
+        return real(self, data, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_bytes", disk_full_at_checkpoint)
+    before = run_files(here)
+    method = "write_bytes" if file.endswith(".pt") else "write_text"
+    monkeypatch.setattr(Path, method, failing)
     result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
-    refused(result, "r/checkpoint.pt: no space left", code=1)
-    assert json.loads(Path("r/config.json").read_text())["rounds"] == 3
-    assert not Path("r/model.pt").exists()  # not a finished run any more
-    assert rf.load_state(Path("r/checkpoint.pt"))["round"] == 2
-    monkeypatch.setattr(Path, "write_bytes", real)
-    result = invoke("train", *TRAIN, "--out", "r", "--resume")
+    refused(result, f"r/{file}", code=1 if fault == errno.ENOSPC else 2)
+    assert run_files(here) == before
+    monkeypatch.setattr(Path, method, real)
+    result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
     assert result.exit_code == 0, result.output
     assert rf.load_state(Path("r/model.pt"))["round"] == 3
     assert [r["round"] for r in rf.read_metrics(Path("r/metrics.jsonl"))] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2, 3, 4])
+def test_an_extension_killed_between_its_renames_is_resumable(
+    here: Path, monkeypatch, renamed: int
+) -> None:
+    """A kill after any of the four renames of the extension's first checkpoint (metrics.jsonl,
+    assignments.parquet, config.json, checkpoint.pt; 4: before model.pt goes): eval never scores
+    a model.pt of fewer rounds than metrics.jsonl, and `--resume --rounds 3` finishes the run
+    with the numbers of an extension that was never stopped."""
+    import pipeline.run.log as log
+
+    class Killed(BaseException):
+        pass
+
+    shutil.copytree("r", "clean")
+    extend = [*TRAIN, "--rounds", "3", "--resume"]
+    assert invoke("train", *extend, "--out", "clean").exit_code == 0
+    real_files, real_replace, real_unlink = log.atomic_files, os.replace, Path.unlink
+    state = {"active": False, "renames": 0}
+
+    @contextlib.contextmanager
+    def watched(*targets):
+        with real_files(*targets) as tmps:
+            yield tmps
+            state["active"] = True  # the renames come next
+
+    def replace(src, dst):
+        if state["active"] and state["renames"] == renamed:
+            raise Killed
+        state["renames"] += state["active"]
+        return real_replace(src, dst)
+
+    def unlink(self, missing_ok=False):
+        if state["active"] and self.name == rf.MODEL:
+            raise Killed
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(log, "atomic_files", watched)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(Killed):
+        runner.invoke(app, ["train", *extend, "--out", "r"], catch_exceptions=False)
+    monkeypatch.setattr(log, "atomic_files", real_files)
+    monkeypatch.setattr(os, "replace", real_replace)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    scored = invoke("eval", "--run", "r")
+    if renamed == 0:
+        assert scored.exit_code == 0, scored.output  # still the finished 2-round run
+    else:
+        refused(scored, "r/model.pt", "has not finished")
+    assert invoke("train", *extend, "--out", "r").exit_code == 0
+    rows = [rf.read_metrics(Path(run, rf.METRICS)) for run in ("r", "clean")]
+    for row in (*rows[0], *rows[1]):
+        row.pop("seconds")
+    assert rows[0] == rows[1] and rf.load_state(Path("r/model.pt"))["round"] == 3
 
 
 @pytest.mark.parametrize("how", [[], ["--resume"]])

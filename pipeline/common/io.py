@@ -156,15 +156,33 @@ def atomic_file(target: Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_files(*targets: Path) -> Iterator[list[Path]]:
-    """Like `atomic_file` for several files that belong together: all are renamed, or none."""
+    """Like `atomic_file` for several files that belong together: each is written to its
+    temporary path first, then all are renamed, in the order given (a kill between two renames
+    leaves the first ones new: order them so that any prefix is a state the reader accepts).
+    An error in the body leaves every target as it was."""
     with ExitStack() as stack:
-        tmps = [stack.enter_context(atomic_file(t)) for t in targets]
-        yield tmps  # an error in the body leaves every target as it was
+        tmps = []
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+            os.close(fd)
+            tmps.append(Path(name))
+            stack.callback(tmps[-1].unlink, missing_ok=True)
+            tmps[-1].chmod(0o666 & ~user_umask())  # mkstemp makes 0600 files
+        yield tmps
+        for tmp, target in zip(tmps, targets):
+            with naming(target):
+                os.replace(tmp, target)
+
+
+def json_text(data: Any) -> str:
+    """`data` as fedrc writes a JSON file: sorted keys, indented, a final newline."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def write_json(path: Path, data: Any) -> None:
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json_text(data))
 
 
 def read_parquet(

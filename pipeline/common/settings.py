@@ -11,6 +11,7 @@ A field made with `setting(default, "what it does")` carries the one-line descri
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -26,6 +27,12 @@ FLOAT32_MAX = 3.4028234663852886e38  # torch computes in float32: a larger numbe
 def require(ok: bool, key: str, expected: str, value: Any) -> None:
     if not ok:
         raise FedrcError(f"{key}: expected {expected}, got {brief(value)}")
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    """ " (did you mean 'lr'?)" for a near miss among `known`, else ""."""
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def float_problem(value: float) -> str | None:
@@ -116,7 +123,8 @@ def build_settings(cls: type[S], values: dict[str, Any], where: str) -> S:
     for key, value in values.items():
         if key not in types_:
             known = ", ".join(types_) or "none"
-            raise FedrcError(f"{where}.{key}: unknown setting (known: {known})")
+            hint = did_you_mean(str(key), list(types_))
+            raise FedrcError(f"{where}.{key}: unknown setting{hint} (known: {known})")
         checked[key] = coerce(f"{where}.{key}", value, types_[key])
     settings = cls(**checked)
     try:

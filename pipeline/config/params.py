@@ -16,7 +16,13 @@ import yaml
 from pipeline.common import strict_yaml
 from pipeline.common.errors import FedrcError, brief
 from pipeline.common.reading import read_text, unreadable
-from pipeline.common.settings import coerce, field_types, float_problem, path_problem
+from pipeline.common.settings import (
+    coerce,
+    did_you_mean,
+    field_types,
+    float_problem,
+    path_problem,
+)
 from pipeline.config.sections import EvalConfig, PlotConfig, TrainConfig
 from pipeline.data.partition_config import PartitionConfig
 
@@ -81,12 +87,6 @@ def mapping(value: Any, key: str, where: str = "") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise FedrcError(f"{where}{key}: expected a mapping, got {brief(value)}")
     return value
-
-
-def did_you_mean(key: str, known: list[str]) -> str:
-    """ " (did you mean 'lr'?)" for a near miss among `known`, else ""."""
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def checked_values(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:

@@ -129,6 +129,18 @@ def check_distinct(concepts: list[Concept], num_classes: int) -> None:
         seen[mapped] = concept.name
 
 
+def agrees(concept: Concept, true: np.ndarray, labels: np.ndarray, num_classes: int) -> bool:
+    """Whether `labels` can be `concept`'s labels of the true classes `true`: its map itself
+    for a fixed relabelling, the true class or the next for `pair_flip`; any for `symmetric`
+    noise and a stream's `native` rule (which the labels alone cannot show)."""
+    if concept.kind in ("symmetric", "native"):
+        return True
+    if concept.kind == "pair_flip":
+        return bool(((labels == true) | (labels == (true + 1) % num_classes)).all())
+    mapped = concept.relabel(np.arange(num_classes), num_classes, np.random.default_rng(0))
+    return bool((mapped[true] == labels).all())
+
+
 def parse_concept(spec: str) -> Concept:
     """`kind` or `kind:parameter` → Concept; a FedrcError naming `partition.concepts` if bad."""
     kind, _, text = spec.partition(":")

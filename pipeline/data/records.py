@@ -24,6 +24,8 @@ from typing import Any
 
 from pipeline.common.errors import FedrcError
 from pipeline.common.reading import parse_json
+from pipeline.data.concepts import parse_concepts
+from pipeline.data.loaders import shape_problem
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -419,6 +421,7 @@ class Manifest:
             )
         self._check_steps(path)
         self._check_histograms(path)
+        self._check_meaning(path)
         if self.expected_hash() != self.content_hash:
             if not self.covers:
                 raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
@@ -426,6 +429,19 @@ class Manifest:
                 f"{path}: content_hash does not match the shard hashes and records it covers "
                 "(num_classes, clients, …): the manifest was edited; partition again"
             )
+
+    def _check_meaning(self, path: Path) -> None:
+        """What the records say must make sense: concept names that are label maps fedrc
+        knows, distinct by name (their labels are checked against each shard's rows as it is
+        loaded), and the classes and image shape of the dataset named."""
+        try:
+            parse_concepts(list(self.concepts))
+        except FedrcError as e:
+            what = str(e).removeprefix("partition.concepts: ")
+            raise FedrcError(f"{path}: concepts: {what}") from None
+        problem = shape_problem(self.dataset, self.image_shape, self.num_classes)
+        if problem is not None:
+            raise FedrcError(f"{path}: {problem} (edited since `fedrc partition`?)")
 
     def _check_histograms(self, path: Path) -> None:
         """Every label histogram has one count per class: num_classes agrees with them."""

@@ -220,7 +220,8 @@ def draw_all(
         if manifest.time_steps > 1:
             names.append("timeline.png")
             draw_timeline(tmp / names[3], metrics, assignments, manifest, run, dpi)
-        if made_from is not None:
-            made_from = {**made_from, "assignments_round": round_}
+        if made_from is not None:  # with the names of the figures: the rest is a user's
+            drawn = sorted(p.name for p in tmp.iterdir())
+            made_from = {**made_from, "assignments_round": round_, "files": drawn}
             (tmp / "made_from.json").write_text(json.dumps(made_from, indent=2, sort_keys=True))
     return [folder / n for n in names]

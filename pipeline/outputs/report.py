@@ -163,6 +163,11 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _share(value: Any) -> bool:
+    """An accuracy or a purity: a number in [0, 1] (NaN is not), or absent (None)."""
+    return value is None or (_number(value) and 0 <= value <= 1)
+
+
 def _require(path: Path, key: str, value: Any, ok: bool, expected: str) -> None:
     if not ok:
         shown = f"{type(value).__name__} {value!r}"[:60]
@@ -178,7 +183,9 @@ def check_result(path: Path, result: dict[str, Any]) -> None:
         raise FedrcError(f"{path}: not a fedrc eval result (no {missing[0]})")
     for stem, key in METRICS.items():  # a purity is null where the run has one model
         ok = _number_or_none if stem in (*OPTIONAL, *SHARES) else _number
-        _require(path, key, result.get(key), ok(result.get(key)), "a number")
+        value = result.get(key)
+        _require(path, key, value, ok(value), "a number")
+        _require(path, key, value, _share(value), "a number in [0, 1]")
     prediction, finetune = result["prediction"], result["finetune"]
     _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")
     _require(path, "finetune", finetune, isinstance(finetune, bool), "true or false")
@@ -222,10 +229,14 @@ def check_clients(path: Path) -> None:
         ok = isinstance(entry, dict) and entry.get("client_id") == i
         _require(path, f"[{i}]", entry, ok, f"the entry of client {i}")
         for key in ("train_accuracy", "test_accuracy"):
-            _require(path, f"[{i}].{key}", entry.get(key), _number(entry.get(key)), "a number")
+            value = entry.get(key)
+            _require(path, f"[{i}].{key}", value, _number(value), "a number")
+            _require(path, f"[{i}].{key}", value, _share(value), "a number in [0, 1]")
         omega = entry.get("omega")
         ok = isinstance(omega, list) and len(omega) > 0 and all(map(_number, omega))
         _require(path, f"[{i}].omega", omega, ok, "a list of numbers")
+        ok = all(map(_share, omega)) and abs(sum(omega) - 1) <= 1e-3
+        _require(path, f"[{i}].omega", omega, ok, "weights in [0, 1] summing to 1")
 
 
 def load_run(path: Path) -> Run:
@@ -279,7 +290,16 @@ def _base_label(run: Run) -> str:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Groups in the order of the paper's Table 1, then by name; one benchmark for all."""
+    """Groups in the order of the paper's Table 1, then by name; one benchmark for all; each
+    run once (copies of one run score one model: counted as seeds, they would fake a spread)."""
+    scored: dict[str, Path] = {}
+    for run in runs:
+        if run.model_digest in scored:
+            raise FedrcError(
+                f"{run.path}: the same run as {scored[run.model_digest]} (its eval.json scored "
+                "the same model); give each run once"
+            )
+        scored[run.model_digest] = run.path
     first = runs[0]
     for run in runs[1:]:
         if run.config["data_digest"] != first.config["data_digest"]:

@@ -11,7 +11,6 @@ it is started over, with a warning saying what was there.
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from pipeline.data.records import MANIFEST
 from pipeline.run import files as rf
 from pipeline.run.derived import DERIVED, remove_derived
 from pipeline.run.live import FOLDER as LIVE_FOLDER
+from pipeline.run.live import clear as clear_live
 from pipeline.run.momentum import LIVE_FILE
 
 TOOLS = (LIVE_FOLDER, ".gitignore", LOCK)  # DVCLive's folder, DVC's list of its outputs, the lock
@@ -78,7 +78,7 @@ def clear_run(out: Path) -> None:
     for path in rf.train_outputs(out):
         path.unlink(missing_ok=True)
     remove_derived(out)
-    shutil.rmtree(out / LIVE_FOLDER, ignore_errors=True)
+    clear_live(out)
 
 
 def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
@@ -103,6 +103,15 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
             stacklevel=2,
         )
         clear_run(out)
+        resume = False
+    elif resume and not present:  # killed before it wrote anything (or never started)
+        warnings.warn(
+            FedrcWarning(
+                f"--resume: {out} holds no run to resume (it was stopped before it wrote its "
+                "first file, or never started); starting it"
+            ),
+            stacklevel=2,
+        )
         resume = False
     elif resume:
         if not checkpoint:

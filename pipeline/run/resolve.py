@@ -25,13 +25,12 @@ import yaml
 from pipeline.algorithms import ALGORITHMS, BUILT_IN
 from pipeline.common import strict_yaml
 from pipeline.common.errors import FedrcError
-from pipeline.common.settings import build_settings, coerce, field_types, require
+from pipeline.common.settings import build_settings, coerce, did_you_mean, field_types, require
 from pipeline.config import (
     PROFILES,
     RESUMABLE,
     TrainConfig,
     checked_values,
-    did_you_mean,
     mapping,
     refuse_unusable,
     section,

@@ -133,6 +133,7 @@ class Run:
     models: torch.Tensor
     momentum: MomentumStore
     clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+    resumed_at: int = 0  # the round of the checkpoint this run resumed from (0: it did not)
 
 
 @dataclass

@@ -58,6 +58,7 @@ BUILT_IN = {
             lambda root: load_idx_dataset("fmnist", root),
             10,
             1,
+            shape=(28, 28, 1),
         ),
         DatasetSpec(
             "mnist",
@@ -65,6 +66,7 @@ BUILT_IN = {
             lambda root: load_idx_dataset("mnist", root),
             10,
             1,
+            shape=(28, 28, 1),
         ),
         DatasetSpec(
             "cifar10",
@@ -72,6 +74,7 @@ BUILT_IN = {
             lambda root: load_cifar("cifar10", root),
             10,
             3,
+            shape=(32, 32, 3),
         ),
         DatasetSpec(
             "cifar100",
@@ -79,6 +82,7 @@ BUILT_IN = {
             lambda root: load_cifar("cifar100", root),
             100,
             3,
+            shape=(32, 32, 3),
         ),
         DatasetSpec(
             "tinyimagenet",
@@ -86,6 +90,7 @@ BUILT_IN = {
             load_tiny_imagenet,
             200,
             3,
+            shape=(64, 64, 3),
         ),
         DatasetSpec(
             "synthetic",
@@ -94,6 +99,7 @@ BUILT_IN = {
             10,
             1,
             reads_files=False,
+            shape=(16, 16, 1),
         ),
         DatasetSpec(
             "folder",
@@ -103,6 +109,23 @@ BUILT_IN = {
         *(_stream(name) for name in STREAM_SUMMARIES),
     )
 }
+
+
+def shape_problem(name: str, shape: tuple[int, ...], num_classes: int) -> str | None:
+    """What a benchmark of the built-in dataset `name` cannot hold (images of another shape,
+    another number of classes; tabular rows not as (1, d, 1)), or None (a plugin's: it tells)."""
+    spec = BUILT_IN.get(name)
+    if spec is None:
+        return None
+    if spec.num_classes is not None and num_classes != spec.num_classes:
+        return f"num_classes {num_classes}, but {name} has {spec.num_classes}"
+    if spec.shape is not None and tuple(shape) != spec.shape:
+        return f"image_shape {list(shape)}, but {name}'s images are {list(spec.shape)}"
+    if spec.tabular and (shape[0] != 1 or shape[2] != 1):
+        return f"image_shape {list(shape)}, but {name}'s rows are stored as [1, d, 1]"
+    if spec.channels is not None and shape[2] != spec.channels:
+        return f"image_shape {list(shape)}, but {name}'s images have {spec.channels} channels"
+    return None
 
 
 def check_data_root(spec: DatasetSpec, data_root: str | None) -> None:
