@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.algorithms import ALGORITHMS, build_algorithm
+from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
 from pipeline.common.errors import FedrcError, first_few
@@ -96,9 +96,10 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
     would no longer evaluate); a folder holding anything else is never replaced."""
     refuse_replacing_here(Path(config.out))
     with writer_lock(config.out, "--out", "fedrc partition", beside=True):
-        check_partition_out(Path(config.out), overwrite)
         out = Path(os.path.abspath(config.out))  # "." and "x/.." have a name here
-        remove_leftovers(out.parent, [out.name])  # a killed partition's temporary folder
+        # a killed partition's temporary folder; a benchmark it had moved aside comes back
+        remove_leftovers(out.parent, [out.name])
+        check_partition_out(Path(config.out), overwrite)
         return write_benchmark(config, load_dataset(config.dataset, config.data_root))
 
 
@@ -225,8 +226,9 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
     result["made_from"] = made_from(model, final["round"], data_hash, clients_text)
     if data.time_steps > 1:
         identity = rf.run_identity(train_config, data_hash)
+        evaluated, k = rf.evaluated_rounds(metrics), num_models(train_config)
         assignments = read_assignments(
-            run / rf.ASSIGNMENTS, identity, len(data.clients), rf.evaluated_rounds(metrics)
+            run / rf.ASSIGNMENTS, identity, len(data.clients), evaluated, k
         )
         per_step = train_config.rounds_per_step or train_config.rounds // data.time_steps
         result["over_time"] = over_time(
@@ -394,7 +396,8 @@ def _plot(config: PlotConfig) -> list[Path]:
     metrics = rf.read_metrics(run / rf.METRICS)
     identity = rf.run_identity(train_config, digest)
     clients, rounds = len(manifest.clients), rf.evaluated_rounds(metrics)
-    assignments = read_assignments(run / rf.ASSIGNMENTS, identity, clients, rounds)
+    k = num_models(train_config)
+    assignments = read_assignments(run / rf.ASSIGNMENTS, identity, clients, rounds, k)
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
     folder = run.resolve().name  # runs/fedrc: "FedRC", not "FedRC (fedrc)"
     same = folder.lower() in (train_config.algorithm.lower(), label.lower())

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import FedrcError
+from pipeline.common.io import OLD, leftovers
 from pipeline.common.reading import parse_json
 from pipeline.data.concepts import parse_concepts
 from pipeline.data.loaders import shape_problem
@@ -506,6 +507,13 @@ def read_manifest(folder: Path, option: str = "--data") -> Manifest:
     `option` is what the user gave the folder as, for the message when it is missing."""
     path = folder / MANIFEST
     if not path.is_file():
+        aside = [p.name for p in leftovers(folder.parent, [folder.name]) if OLD in p.name]
+        if not folder.exists() and aside:  # `partition --overwrite` killed between renames
+            raise FedrcError(
+                f"{option}: {folder} not found: a replacement of it was stopped half-way and "
+                f"its previous version waits in {folder.parent / aside[-1]}; the next "
+                f"`fedrc partition --out {folder}` puts it back"
+            )
         raise FedrcError(f"{option}: {path} not found (run `fedrc partition` first)")
     try:
         data = parse_json(path.read_text())

@@ -71,11 +71,13 @@ def read_assignments(
     identity: str | None = None,
     clients: int | None = None,
     rounds: Sequence[int] | None = None,
+    models: int | None = None,
 ) -> pa.Table:
     """The table, checked (`assignments_problem`) against the run's `identity`, its number of
-    `clients` and its evaluated `rounds` where given; a FedrcError naming the file if not."""
+    `clients`, its evaluated `rounds` and its K `models` where given; a FedrcError naming the
+    file if not."""
     table = read_parquet(path, "not found (did `fedrc train` finish?)")
-    problem = assignments_problem(table, identity, clients, rounds)
+    problem = assignments_problem(table, identity, clients, rounds, models)
     if problem is not None:
         raise FedrcError(f"{path}: {problem}")
     return table
@@ -86,14 +88,18 @@ def assignments_problem(
     identity: str | None,
     clients: int | None,
     rounds: Sequence[int] | None,
+    models: int | None = None,
 ) -> str | None:
-    """What is wrong with an assignments table, or None: its columns, which run wrote it, one
-    block of the clients 0..N-1 per evaluated round (rounds increasing), and ω."""
+    """What is wrong with an assignments table, or None: its columns (an ω per model),
+    which run wrote it, one block of the clients 0..N-1 per evaluated round (rounds
+    increasing), and ω."""
     names = table.column_names
     k = sum(name.startswith("omega_") for name in names)
     expected = [*COLUMNS, *(["step"] if "step" in names else []), *(f"omega_{j}" for j in range(k))]
     if names != expected or k == 0:
         return f"columns {first_few(names, 8)}, expected {', '.join(COLUMNS)}[, step], omega_0.."
+    if models is not None and k != models:
+        return f"ω for {k} models (omega_0..omega_{k - 1}), the run has K = {models}"
     recorded = (table.schema.metadata or {}).get(RUN_KEY)  # files before it: not named
     if identity is not None and recorded is not None and recorded.decode() != run_id(identity):
         return "written by another run (its run id differs from config.json's); train it again"
@@ -105,7 +111,7 @@ def assignments_problem(
         return f"a column of the wrong type or with nulls ({str(e).splitlines()[0][:80]})"
     problem = _blocks(round_of, client_of, clients, rounds)
     if problem is None and (problem := omega_problem(omega.astype(np.float64))) is not None:
-        problem = f"ω {problem}"
+        problem = f"ω: {problem}"
     return problem
 
 

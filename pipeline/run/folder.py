@@ -104,15 +104,11 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
         )
         clear_run(out)
         resume = False
-    elif resume and not present:  # killed before it wrote anything (or never started)
-        warnings.warn(
-            FedrcWarning(
-                f"--resume: {out} holds no run to resume (it was stopped before it wrote its "
-                "first file, or never started); starting it"
-            ),
-            stacklevel=2,
+    elif resume and not present:  # killed before it wrote anything, or never started
+        raise FedrcError(
+            f"--resume: no run to resume in {out} (none was started there, or it was stopped "
+            "before its first checkpoint); run the same command without --resume to start it"
         )
-        resume = False
     elif resume:
         if not checkpoint:
             raise FedrcError(f"--resume: no checkpoint in {out}")
