@@ -16,6 +16,7 @@ import typer.core
 # environment) uses Click itself: the exceptions are those of the copy in use.
 CLICK = "typer._click" if hasattr(typer.core, "_click") else "click"
 errors: Any = importlib.import_module(f"{CLICK}.exceptions")
+HELP_SHOWN: Any = getattr(errors, "NoArgsIsHelpError", ())  # Click 8.2+: the help, not an error
 
 
 class OneLineGroup(typer.core.TyperGroup):
@@ -24,7 +25,7 @@ class OneLineGroup(typer.core.TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
-        except errors.NoArgsIsHelpError as e:  # the help is printed already
+        except HELP_SHOWN as e:  # the help is printed already
             code = e.exit_code
         except errors.ClickException as e:
             from fedrc_cli.common import fail  # the console: imported once a line is due

@@ -28,7 +28,8 @@ from pipeline.config import (
 )
 from pipeline.data.benchmark import foreign_files, write_benchmark
 from pipeline.data.loaders import load_dataset
-from pipeline.data.records import MANIFEST, Manifest, read_manifest
+from pipeline.data.meaning import read_benchmark
+from pipeline.data.records import MANIFEST, Manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.evaluation.accuracy import (
     all_logits,
@@ -391,7 +392,7 @@ def _plot(config: PlotConfig) -> list[Path]:
 
     run = Path(config.run)
     train_config = run_config(run)
-    manifest = read_manifest(Path(train_config.data))
+    manifest = read_benchmark(Path(train_config.data))
     digest = check_benchmark(run, train_config.data, manifest)
     metrics = rf.read_metrics(run / rf.METRICS)
     identity = rf.run_identity(train_config, digest)

@@ -113,14 +113,14 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; on success it replaces `target` whole: the old
     one is moved aside, the new one renamed into place, then the old one removed. A failure of
     either rename puts the old one back; a kill between them is undone by `recover_dir`."""
-    target = Path(os.path.abspath(target))  # "." and "x/.." have a name here
-    with naming(target):
+    shown, target = target, Path(os.path.abspath(target))  # "." and "x/.." have a name here
+    with naming(shown):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         tmp.chmod(0o777 & ~user_umask())  # mkdtemp makes 0700 folders; the user's umask rules
     old = target.parent / f".{target.name}{OLD}{os.getpid()}"
     try:
-        with naming(target), _inside(tmp, target):
+        with naming(shown), _inside(tmp, shown):
             yield tmp
         moved = False
         try:
@@ -159,7 +159,8 @@ def atomic_files(*targets: Path) -> Iterator[list[Path]]:
     """Like `atomic_file` for several files that belong together: each is written to its
     temporary path first, then all are renamed, in the order given (a kill between two renames
     leaves the first ones new: order them so that any prefix is a state the reader accepts).
-    An error in the body leaves every target as it was."""
+    An error in the body leaves every target as it was; an OSError there names the target
+    whose temporary path it names, else the last target."""
     with ExitStack() as stack:
         tmps = []
         for target in targets:
@@ -169,7 +170,12 @@ def atomic_files(*targets: Path) -> Iterator[list[Path]]:
             tmps.append(Path(name))
             stack.callback(tmps[-1].unlink, missing_ok=True)
             tmps[-1].chmod(0o666 & ~user_umask())  # mkstemp makes 0600 files
-        yield tmps
+        try:
+            yield tmps
+        except OSError as e:
+            named = {str(tmp): target for tmp, target in zip(tmps, targets)}
+            e.filename = str(named.get(str(e.filename), e.filename or targets[-1]))
+            raise
         for tmp, target in zip(tmps, targets):
             with naming(target):
                 os.replace(tmp, target)

@@ -23,10 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import FedrcError
-from pipeline.common.io import OLD, leftovers
-from pipeline.common.reading import parse_json
-from pipeline.data.concepts import parse_concepts
-from pipeline.data.loaders import shape_problem
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -422,7 +418,6 @@ class Manifest:
             )
         self._check_steps(path)
         self._check_histograms(path)
-        self._check_meaning(path)
         if self.expected_hash() != self.content_hash:
             if not self.covers:
                 raise FedrcError(f"{path}: content_hash does not match the shard hashes it lists")
@@ -430,19 +425,6 @@ class Manifest:
                 f"{path}: content_hash does not match the shard hashes and records it covers "
                 "(num_classes, clients, …): the manifest was edited; partition again"
             )
-
-    def _check_meaning(self, path: Path) -> None:
-        """What the records say must make sense: concept names that are label maps fedrc
-        knows, distinct by name (their labels are checked against each shard's rows as it is
-        loaded), and the classes and image shape of the dataset named."""
-        try:
-            parse_concepts(list(self.concepts))
-        except FedrcError as e:
-            what = str(e).removeprefix("partition.concepts: ")
-            raise FedrcError(f"{path}: concepts: {what}") from None
-        problem = shape_problem(self.dataset, self.image_shape, self.num_classes)
-        if problem is not None:
-            raise FedrcError(f"{path}: {problem} (edited since `fedrc partition`?)")
 
     def _check_histograms(self, path: Path) -> None:
         """Every label histogram has one count per class: num_classes agrees with them."""
@@ -507,16 +489,11 @@ def read_manifest(folder: Path, option: str = "--data") -> Manifest:
     `option` is what the user gave the folder as, for the message when it is missing."""
     path = folder / MANIFEST
     if not path.is_file():
-        aside = [p.name for p in leftovers(folder.parent, [folder.name]) if OLD in p.name]
-        if not folder.exists() and aside:  # `partition --overwrite` killed between renames
-            raise FedrcError(
-                f"{option}: {folder} not found: a replacement of it was stopped half-way and "
-                f"its previous version waits in {folder.parent / aside[-1]}; the next "
-                f"`fedrc partition --out {folder}` puts it back"
-            )
         raise FedrcError(f"{option}: {path} not found (run `fedrc partition` first)")
     try:
-        data = parse_json(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: corrupt manifest ({e})") from None
+    except RecursionError:  # nested deeper than the parser follows
+        raise FedrcError(f"{path}: corrupt manifest (nested too deeply)") from None
     return Manifest.from_json(data, path)

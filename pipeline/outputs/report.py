@@ -292,14 +292,15 @@ def _base_label(run: Run) -> str:
 def group_runs(runs: list[Run]) -> list[Group]:
     """Groups in the order of the paper's Table 1, then by name; one benchmark for all; each
     run once (copies of one run score one model: counted as seeds, they would fake a spread)."""
-    scored: dict[str, Path] = {}
+    scored: dict[tuple, Path] = {}
     for run in runs:
-        if run.model_digest in scored:
+        key = (run.model_digest, *(run.result[k] for k in EVAL_KEYS), own_finetune_lr(run))
+        if key in scored:
             raise FedrcError(
-                f"{run.path}: the same run as {scored[run.model_digest]} (its eval.json scored "
-                "the same model); give each run once"
+                f"{run.path}: the same run as {scored[key]} (its eval.json scored the same "
+                "model, evaluated alike); give each run once"
             )
-        scored[run.model_digest] = run.path
+        scored[key] = run.path
     first = runs[0]
     for run in runs[1:]:
         if run.config["data_digest"] != first.config["data_digest"]:

@@ -161,8 +161,6 @@ def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_ro
     now = state_digest(state) if state is not None else kept_digest(run)
     if now is None:
         raise FedrcError(f"{path}: scored {run / rf.MODEL}, which is gone; {again} after training")
-    if state is not None:
-        refuse_foreign_config(run, state)
     if recorded["model_digest"] != now:
         raise FedrcError(
             f"{path}: scored another model (digest {str(recorded['model_digest'])[:12]}…, "
@@ -178,6 +176,8 @@ def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_ro
             f"{path}: made on another benchmark than {run / rf.CONFIG} names (the content "
             f"hashes differ); {again}"
         )
+    if state is not None:
+        refuse_foreign_config(run, state)
     clients = run / EVAL_CLIENTS
     kept = clients.is_file() and "clients_digest" in recorded  # a copy may leave it out
     if kept and hashlib.sha256(read_bytes(clients)).hexdigest() != recorded["clients_digest"]:
