@@ -6,7 +6,11 @@ it answers with one line naming the file, exit 2, and writes nothing.
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -338,3 +342,40 @@ def test_a_divergence_right_after_a_resume_names_the_checkpoint(here: Path) -> N
     edit_state("r/checkpoint.pt", models=lambda s: s["models"] * 1e30)(here)
     line = assert_one_line(runner.invoke(app, RESUME), "diverged", code=2)
     assert "--lr" in line and "checkpoint.pt (round 2, which this run resumed from)" in line
+
+
+def denied(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Opening any file called `name` fails as a mode of 000 or another user's file would
+    (the tests may run as root, whom no mode stops)."""
+    real = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if isinstance(file, str | os.PathLike) and Path(file).name == name:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("manifest.json", ["eval", "--run", "r"]),
+        ("manifest.json", ["info", "d"]),
+        ("model.pt", ["eval", "--run", "r"]),
+        ("checkpoint.pt", RESUME),
+        ("metrics.jsonl", ["plot", "--run", "r"]),
+        ("config.json", ["report", "r", "--out", "o"]),
+        ("p.yaml", ["check", "--params", "p.yaml"]),
+    ],
+)
+def test_a_file_that_exists_but_cannot_be_read_is_one_line(
+    here: Path, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str]
+) -> None:
+    Path("p.yaml").write_text("train: {}\n")
+    before = snapshot(here)
+    denied(monkeypatch, name)
+    assert_one_line(runner.invoke(app, args), name, "permission denied", code=2)
+    monkeypatch.undo()  # the snapshot reads every file
+    assert snapshot(here) == before

@@ -12,7 +12,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeline.common.errors import FedrcError
 
@@ -43,15 +43,24 @@ def unreadable(path: Path | str) -> str | None:
     return None
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's bytes, or a FedrcError "<path>: <why>"."""
+def opened(path: Path) -> BinaryIO:
+    """The file opened for reading in binary, or a FedrcError "<path>: <why>"."""
     reason = unreadable(path)
     if reason is None:
         try:
-            return path.read_bytes()
+            return path.open("rb")
         except OSError as e:
             reason = REASONS.get(e.errno or 0, e.strerror or str(e))
     raise FedrcError(f"{path}: {reason}")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, or a FedrcError "<path>: <why>"."""
+    with opened(path) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise FedrcError(f"{path}: {REASONS.get(e.errno or 0, e.strerror or str(e))}") from None
 
 
 def read_text(path: Path) -> str:

@@ -31,7 +31,7 @@ import torch
 
 from pipeline.common.errors import FedrcError, brief
 from pipeline.common.io import atomic_file, naming
-from pipeline.common.reading import parse_json
+from pipeline.common.reading import opened, parse_json
 from pipeline.config import TrainConfig
 from pipeline.run.assignments import omega_problem
 from pipeline.run.assignments import read_assignments as read_assignments  # where it was
@@ -105,7 +105,7 @@ def _damaged(path: Path, what: str) -> FedrcError:
 def check_seal(path: Path) -> bool:
     """Whether `path` carries a seal; raises when its bytes do not match it. The bytes are
     read and hashed before anything in them is unpickled."""
-    with path.open("rb") as f:
+    with opened(path) as f:
         size = f.seek(0, io.SEEK_END)
         f.seek(max(0, size - 4 * SEAL_SIZE))
         tail = f.read()
