@@ -21,7 +21,7 @@ from fedrc_cli.common import (
     writing,
 )
 from fedrc_cli.failures import TRAIN_MEMORY
-from fedrc_cli.options import dataclass_options, with_options
+from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig, read_params
 
@@ -60,6 +60,7 @@ def train(
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         check_names("--out", options.get("out") or TrainConfig().out)
+        options = comma_lists(TrainConfig, options)
         from fedrc_cli.progress import run_with_progress
         from pipeline.run.resolve import train_config
         from pipeline.stages import train_stage
@@ -124,11 +125,19 @@ def describe(row: dict[str, Any]) -> str:
 
 def stopped_message(error: BaseException, config: TrainConfig, completed: int | None) -> str:
     """Where an interrupted run stopped, what its checkpoint holds, and how to go on."""
+    from pipeline.common.dvc_stage import stage_root
     from pipeline.run.files import checkpoint_round
+    from pipeline.run.staged import staged_checkpoint
     from pipeline.stages import run_config
 
     name = "interrupted" if isinstance(error, KeyboardInterrupt) else "terminated (SIGTERM)"
     where = f"after round {completed}" if completed else "before the first round ended"
+    root = stage_root()
+    if root is not None:  # trained in its staging folder (`pipeline.run.staged`)
+        saved = staged_checkpoint(root, config.out)
+        if saved is None:
+            return f"{name} {where}; no checkpoint yet: the next `dvc repro` starts it over"
+        return f"{name} {where}; last checkpoint: round {saved}; the next `dvc repro` resumes it"
     saved = checkpoint_round(Path(config.out))
     if saved is None:
         return f"{name} {where}; no checkpoint yet: run the same command again to start it over"

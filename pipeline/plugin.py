@@ -4,11 +4,15 @@
 
 Everything a plugin needs is named here, and these names stay where they are when fedrc's
 internals move; docs/plugins.md walks through a plugin package that imports only from here and
-names every export. A mixture built on FedEM also finds FedRC's variants here, each a settings
-dataclass with a step part and/or an algorithm part to list among its bases: the Adam E-step
-(`EStepSettings`, `AdamEStep`), adaptive K (`AdaptiveKSettings`, `AdaptiveKStep`,
-`AdaptiveK`), hard training (`HardTrainSettings`, `HardTrainStep`), table noise
-(`TableNoiseSettings`, `TableNoise`) and the shared body (`SharedBodySettings`, `SharedBody`).
+names every export. Every built-in algorithm is here as a base to build on, with its client
+part where it has one (`FedAvg` and `FedAvgStep`, `IFCA` and `IFCAStep`, …): a subclass that
+overrides only server-side verbs (`aggregate`, `end_round`) keeps its parent's client part in
+one process, under torchrun and on Flower. A mixture built on FedEM also finds FedRC's variants
+here, each a settings dataclass with a step part and/or an algorithm part to list among its
+bases: the Adam E-step (`EStepSettings`, `AdamEStep`), adaptive K (`AdaptiveKSettings`,
+`AdaptiveKStep`, `AdaptiveK`), hard training (`HardTrainSettings`, `HardTrainStep`), table
+noise (`TableNoiseSettings`, `TableNoise`) and the shared body (`SharedBodySettings`,
+`SharedBody`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,15 @@ from __future__ import annotations
 from pipeline.algorithms.adam_estep import AdamEStep
 from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
 from pipeline.algorithms.base import Algorithm, HardClustering
+from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
+from pipeline.algorithms.cfl import CFL, CFLStep
+from pipeline.algorithms.cflgp import CFLGP, CFLGPStep
 from pipeline.algorithms.client import (
+    ClientOutcome,
     ClientStep,
+    ClusterStep,
+    HardStep,
+    Memory,
     Upload,
     hard_gamma,
     lowest_loss,
@@ -26,8 +37,18 @@ from pipeline.algorithms.client import (
     per_sample_losses,
     soft_tasks,
 )
+from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
+from pipeline.algorithms.fedccfa import FedCCFA
+from pipeline.algorithms.feddrift import FedDrift, FedDriftEager, FedDriftStep
 from pipeline.algorithms.fedem import FedEM, FedEMStep
+from pipeline.algorithms.fedprox import FedProx, FedProxStep
+from pipeline.algorithms.fedrc import FedRC, FedRCStep
+from pipeline.algorithms.fedsoft import FedSoft
+from pipeline.algorithms.fesem import FeSEM
+from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
+from pipeline.algorithms.ifca import IFCA, IFCAStep
+from pipeline.algorithms.pacfl import PACFL
 from pipeline.algorithms.settings import (
     AdaptiveKSettings,
     EStepSettings,
@@ -36,6 +57,7 @@ from pipeline.algorithms.settings import (
     TableNoiseSettings,
 )
 from pipeline.algorithms.shared_body import SharedBody
+from pipeline.algorithms.stocfl import StoCFL, StoCFLStep
 from pipeline.algorithms.table_noise import TableNoise
 from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings, positive, require, setting
@@ -45,22 +67,48 @@ from pipeline.engine.task import LocalResult, LocalTask, Stage
 from pipeline.models import ModelSpec
 
 __all__ = [
+    "CFL",
+    "CFLGP",
+    "FLUX",
+    "IFCA",
+    "IFCACAM",
+    "PACFL",
     "AdamEStep",
     "AdaptiveK",
     "AdaptiveKSettings",
     "AdaptiveKStep",
     "Algorithm",
+    "CFLGPStep",
+    "CFLStep",
+    "ClientOutcome",
     "ClientStep",
+    "ClusterStep",
     "DatasetSpec",
     "EStepSettings",
+    "FeSEM",
+    "FeSEMCAM",
+    "FedAvg",
+    "FedAvgStep",
+    "FedCCFA",
+    "FedDrift",
+    "FedDriftEager",
+    "FedDriftStep",
     "FedEM",
     "FedEMStep",
+    "FedProx",
+    "FedProxStep",
+    "FedRC",
+    "FedRCStep",
+    "FedSoft",
     "FedrcError",
     "HardClustering",
+    "HardStep",
     "HardTrainSettings",
     "HardTrainStep",
+    "IFCAStep",
     "LocalResult",
     "LocalTask",
+    "Memory",
     "ModelSpec",
     "RawDataset",
     "RowStore",
@@ -68,6 +116,8 @@ __all__ = [
     "SharedBody",
     "SharedBodySettings",
     "Stage",
+    "StoCFL",
+    "StoCFLStep",
     "TableNoise",
     "TableNoiseSettings",
     "Upload",

@@ -30,7 +30,18 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 # Options that do not change the numbers: a resumed run may change them (`resolve.resumed`), and
 # a checkpoint's identity leaves them out (`TrainConfig.identity`).
-RESUMABLE = ("rounds", "data", "out", "device", "executor", "chunk_clients", "checkpoint_every")
+RESUMABLE = (
+    "rounds",
+    "data",
+    "out",
+    "device",
+    "executor",
+    "chunk_clients",
+    "checkpoint_every",
+    "log",
+)
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # `--log`: pipeline.run.trackers
+FIGURE_FORMATS = ("png", "pdf", "svg")  # `fedrc plot --format`, `fedrc report --format`
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class TrainConfig:
             "persistent_momentum",
             "skip_below",
         ),
-        "Evaluation and checkpoints": ("eval_every", "checkpoint_every"),
+        "Evaluation and checkpoints": ("eval_every", "checkpoint_every", "log"),
         "Execution": ("device", "executor", "chunk_clients", "precision"),
     }
 
@@ -102,6 +113,12 @@ class TrainConfig:
         "Write checkpoint.pt every N rounds (and at the last); none: every round while a "
         "checkpoint is under 512 MB; 0: never (the run can be neither resumed nor extended).",
     )
+    log: list[str] = option(
+        None,
+        "Also send each round's numbers and the run's configuration to these trackers, "
+        "comma-separated: tensorboard, wandb, mlflow (each an optional extra).",
+        default_factory=list,
+    )
 
     # Execution
     device: str = option("auto", "auto (cuda when available), cpu or cuda.")
@@ -143,6 +160,9 @@ class TrainConfig:
             "a number in (0, 1]",
             self.participation,
         )
+        for name in self.log:
+            _require(name in TRACKERS, f"{t}.log", f"names from {TRACKERS}", name)
+        _require(len(set(self.log)) == len(self.log), f"{t}.log", "no repeats", self.log)
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         ce = self.checkpoint_every
         _require(
@@ -226,6 +246,17 @@ class PlotConfig:
 
     run: str = option("runs/fedrc", "Run folder written by `fedrc train`.", path=True)
     dpi: int = option(120, "Resolution of the PNG files.")
+    format: list[str] = option(
+        None,
+        "Comma-separated file formats of each figure: png, pdf, svg (PDF and SVG for print).",
+        default_factory=lambda: ["png"],
+    )
+    font_size: float = option(10.0, "Font size of the figures, in points.")
 
     def validate(self) -> None:
         _require(20 <= self.dpi <= 600, "plot.dpi", "an integer in [20, 600]", self.dpi)
+        formats = self.format
+        ok = bool(formats) and all(f in FIGURE_FORMATS for f in formats)
+        _require(ok, "plot.format", f"names from {FIGURE_FORMATS}", formats)
+        size = self.font_size
+        _require(4 <= size <= 30, "plot.font_size", "a number in [4, 30]", size)

@@ -159,6 +159,50 @@ def test_nodes_send_no_per_sample_value(algorithm: str, tiny_data: Path, tmp_pat
     assert check_run(tiny_data, algorithm, tmp_path) == UPLOADS.get(algorithm, {"omega"})
 
 
+def message_shapes(grid: RecordingGrid) -> list[tuple]:
+    """What the nodes sent, without the numbers: each reply's type, its arrays' names and
+    shapes and its config records' keys, in order."""
+    return [
+        (
+            node,
+            kind,
+            sorted(
+                (name, tuple(record[name].shape))
+                for record in content.array_records.values()
+                for name in record
+            ),
+            sorted(key for record in content.config_records.values() for key in record),
+        )
+        for node, kind, content in grid.sent
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parent", "plugin"),
+    [("fedavg", "server_momentum:FedAvgM"), ("ifca", "server_momentum:IFCAM")],
+)
+def test_a_plugin_on_a_built_in_sends_what_its_parent_sends(
+    parent: str, plugin: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """Server momentum overrides `aggregate` only (tests/server_momentum.py): its nodes send
+    exactly the messages of its parent's, with no per-sample value, and its Flower run has its
+    `fedrc train` numbers."""
+    sent = {}
+    for algorithm in (parent, plugin):
+        config = flower_config(tiny_data, algorithm, tmp_path / algorithm.replace(":", "-"))
+        grid = RecordingGrid(
+            {101 + i: c for i, c in enumerate(node_configs(tiny_data))}, run_config(config)
+        )
+        out = serve(grid, config, Deployment(wait=5, timeout=30), resume=False, overwrite=False)
+        assert check_messages(grid, tiny_data, num_models(config)) == {"omega"}
+        sent[algorithm] = message_shapes(grid)
+        single = flower_config(
+            tiny_data, algorithm, tmp_path / "single" / algorithm.replace(":", "-")
+        )
+        assert_same_run(reference(single), out)
+    assert sent[plugin] == sent[parent]
+
+
 @pytest.fixture(scope="module")
 def drifting(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("drift") / "data"
