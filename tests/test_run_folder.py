@@ -607,3 +607,12 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(
         assert not Path("new").exists()
     else:
         assert not [p for p in Path("r").iterdir() if p.name in rf.TRAIN_FILES]
+
+
+def test_dvcs_gitignore_in_plots_is_not_a_users_file(here: Path) -> None:
+    """A plot stage's outputs are files in plots/, so DVC writes plots/.gitignore (and again
+    after the stage): `fedrc plot` under `dvc repro` draws over it."""
+    Path("r/plots/.gitignore").write_text("/cluster_map.png\n")
+    result = invoke("plot", "--run", "r", "--dpi", "30")
+    assert result.exit_code == 0, result.output
+    assert Path("r/plots/made_from.json").is_file()

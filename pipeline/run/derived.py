@@ -66,10 +66,11 @@ def plot_files(plots: Path) -> list[str]:
 
 
 def foreign_plots(plots: Path) -> list[str]:
-    """What in `plots` fedrc did not write (`plot_files`): `fedrc plot` would delete it."""
+    """What in `plots` fedrc did not write (`plot_files`) nor DVC (the `.gitignore` of a plot
+    stage's outputs, which DVC writes again after the stage): `fedrc plot` would delete it."""
     if not plots.is_dir():
         return []
-    ours = plot_files(plots)
+    ours = [*plot_files(plots), ".gitignore"]
     return sorted(p.name for p in plots.iterdir() if p.name not in ours)
 
 
