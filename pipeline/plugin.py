@@ -18,6 +18,7 @@ noise (`TableNoiseSettings`, `TableNoise`) and the shared body (`SharedBodySetti
 from __future__ import annotations
 
 from pipeline.algorithms.adam_estep import AdamEStep
+from pipeline.algorithms.adaptive_fedavg import AdaptiveFedAvg
 from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
 from pipeline.algorithms.base import Algorithm, HardClustering
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
@@ -45,6 +46,7 @@ from pipeline.algorithms.fedprox import FedProx, FedProxStep
 from pipeline.algorithms.fedrc import FedRC, FedRCStep
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
+from pipeline.algorithms.flash import Flash, FlashStep
 from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
 from pipeline.algorithms.ifca import IFCA, IFCAStep
@@ -74,6 +76,7 @@ __all__ = [
     "IFCACAM",
     "PACFL",
     "AdamEStep",
+    "AdaptiveFedAvg",
     "AdaptiveK",
     "AdaptiveKSettings",
     "AdaptiveKStep",
@@ -101,6 +104,8 @@ __all__ = [
     "FedRCStep",
     "FedSoft",
     "FedrcError",
+    "Flash",
+    "FlashStep",
     "HardClustering",
     "HardStep",
     "HardTrainSettings",

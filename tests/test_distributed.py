@@ -42,6 +42,19 @@ CASES = {
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
     "flux": {"flux": {"cluster_round": 2}},  # statistics gathered from both ranks
     "fedccfa": {"fedccfa": {"align_after": 1}},  # classifier rows + prototypes shared rows
+    # issue 43's optimizers: the rate each place computes, the server's moments, early stops
+    "adaptive-fedavg": {},  # the round's lr from the server state, the same on both ranks
+    "flash": {"local_epochs": 4, "flash": {"gamma": 0.05}},  # clients stop early on their rank
+    "ifca": {  # FedYogi per cluster, local AdamW, a step schedule
+        "server_opt": "yogi",
+        "server_lr": 0.01,
+        "optimizer": "adamw",
+        "lr": 0.01,
+        "weight_decay": 0.01,
+        "lr_schedule": "step",
+        "lr_step_rounds": 1,
+        "lr_gamma": 0.5,
+    },
 }  # FedRC: test_resume_distributed_run
 
 

@@ -104,6 +104,17 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FedCCFASettings,
             "fedccfa:FedCCFA",
         ),
+        # drift-adaptive learning rates and server optimizers (issue 43)
+        AlgorithmCard(
+            "adaptive-fedavg",
+            "Adaptive-FedAvg",
+            "Canonaco et al., IJCNN 2021",
+            own.AdaptiveFedAvgSettings,
+            "adaptive_fedavg:AdaptiveFedAvg",
+        ),
+        AlgorithmCard(
+            "flash", "Flash", "Panchal et al., ICML 2023", own.FlashSettings, "flash:Flash"
+        ),
     )
 }
 

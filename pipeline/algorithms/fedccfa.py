@@ -123,7 +123,7 @@ def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Te
 @described("fedccfa")
 class FedCCFA(Algorithm):
     personal_models = True
-    needs_sequential = True  # staged local training (`LocalTask.stages`)
+    needs_sequential = staged = True  # staged local training (`LocalTask.stages`)
     settings: FedCCFASettings
 
     @classmethod
@@ -137,6 +137,12 @@ class FedCCFA(Algorithm):
                 "train.persistent_momentum: fedccfa starts each training stage with fresh "
                 "momentum; set it to false"
             )
+        for key, plain in (("optimizer", "sgd"), ("lr_schedule", "constant")):
+            if getattr(self.config, key) != plain:
+                raise FedrcError(
+                    f"train.{key}: fedccfa trains each stage with SGD at its own learning rate "
+                    f"(balanced_lr, clf_lr, rep_lr); set it to {plain}"
+                )
         c = self.num_classes
         width = 0 if self.head is None else self.head[1] - self.head[0]  # None: no model given
         if self.head is not None and (width % c or width // c < 2):

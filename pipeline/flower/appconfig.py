@@ -44,7 +44,7 @@ def check_config(config: TrainConfig) -> None:
             "persistent_momentum: not available on Flower (each client's momentum would have "
             "to stay on its node); set train.persistent_momentum: false"
         )
-    if ALGORITHMS.get(config.algorithm).needs_sequential:
+    if ALGORITHMS.get(config.algorithm).staged:
         raise FedrcError(
             f"train.algorithm: {config.algorithm} trains in stages (LocalTask.stages, class "
             "anchors, prototypes), which the Flower messages do not carry yet; run it with "

@@ -37,7 +37,8 @@ ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 
 def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings (and the precision) every executor takes."""
+    """The local optimizer's settings (and the precision) every executor takes; `lr` is the
+    first round's, which the round loop replaces when a schedule moves it."""
     return dict(
         lr=config.lr,
         momentum=config.momentum,
@@ -46,6 +47,9 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
         precision=config.precision,
+        optimizer=config.optimizer,
+        betas=(config.local_beta1, config.local_beta2),
+        eps=config.local_eps,
     )
 
 
@@ -55,12 +59,13 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
+    staged tasks, early stopping) gets the plain loop under `auto` and refuses `batched`."""
     sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
     if sequential_only and config.executor == "batched":
+        how = "trains in stages" if ALGORITHMS.get(config.algorithm).staged else "stops early"
         raise FedrcError(
-            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
-            "executor runs; use auto or sequential"
+            f"train.executor: {config.algorithm} {how}, which only the sequential executor "
+            "runs; use auto or sequential"
         )
     shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.model_settings)
