@@ -175,7 +175,7 @@ def test_an_unknown_key_gets_did_you_mean(here: Path, text: str, culprits: list[
         (["estep=em", "estep=adam"], ["--set estep: given twice (estep=em, estep=adam)"]),
         (["estep=em", "fedrc.estep=em"], ["--set fedrc.estep: given twice"]),
         (["adam_lr=0.1", "fedrc.adam_lr=0.2"], ["given twice", "adam_lr=0.1"]),
-        (["cnn.width=3"], ["--set cnn.width: unknown setting of cnn", "(known: none)"]),
+        (["cnn.width=3"], ["--set cnn.width: unknown setting of cnn", "(known: normalize)"]),
         (["fedrc.estpe=adam"], ["--set fedrc.estpe", "did you mean 'estep'?"]),
         (["estpe=adam"], ["--set estpe", "did you mean 'estep'?"]),
     ],
