@@ -952,7 +952,8 @@ def test_the_model_check_leaves_no_trace() -> None:
     checked = build_model((16, 16, 1), 10, "cnn")
     after_checked = torch.get_rng_state()
     torch.manual_seed(0)
-    plain = MODELS.get("cnn").build((16, 16, 1), 10, None)
+    cnn = MODELS.get("cnn")
+    plain = cnn.build((16, 16, 1), 10, cnn.settings())
     assert torch.equal(after_checked, torch.get_rng_state())
     for a, b in zip(checked.state_dict().values(), plain.state_dict().values()):
         assert torch.equal(a, b)
