@@ -48,7 +48,8 @@ and for prediction:
                                      part: `step.held_out`, where the client's data lives)
   `assign_unlabeled(i, logits, images)`  the same without its labels (`fedrc eval`)
   `predict_weights(i)`               ω_i, the client's mixture over the K predictors
-  `personal_model(i)`                a client's own model, where the algorithm keeps one
+  `personal_model(i)`                a client's own model, where the algorithm keeps one (or
+                                     several rows, whose logits `combine_personal` mixes)
 
 `models` is an (R, P) tensor of flat models; R = `num_rows` (K, or K + 1 with a global model).
 A method that creates models during a run (CFL's splits) reserves its rows up front
@@ -75,6 +76,7 @@ from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, s
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
+from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
@@ -94,7 +96,11 @@ class Algorithm(ABC):
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
     describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
-    needs_sequential: ClassVar[bool] = False  # its tasks use `LocalTask.stages` (FedCCFA)
+    # its tasks use `LocalTask.stages` (FedCCFA) or a `LocalTask.rule` (APFL, pFedMe), which
+    # only the sequential executor runs and Flower's messages do not carry; `local_training`
+    # says which, in the one-line refusals
+    needs_sequential: ClassVar[bool] = False
+    local_training: ClassVar[str] = ""
     # how a new client is assigned without its labels (`assign_unlabeled`), for reports
     unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
@@ -141,6 +147,11 @@ class Algorithm(ABC):
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
+        if self.needs_sequential and config.persistent_momentum:
+            raise FedrcError(
+                f"train.persistent_momentum: {self.name} {self.local_training}, each local "
+                "training starting with fresh momentum; set it to false"
+            )
         self.sums: torch.Tensor | None = None  # (R, P) Σ_i w_ik θ_ik of the round (`accumulate`)
         self.totals: torch.Tensor | None = None  # (R,) Σ_i w_ik
         self.init_state()
@@ -391,7 +402,18 @@ class Algorithm(ABC):
         return torch.stack([self.predict_weights(i) for i in range(self.num_clients)])
 
     def personal_model(self, client: int) -> torch.Tensor | None:
+        """A client's own model (P,), or the (M, P) rows its predictor mixes
+        (`combine_personal`); None where it has none (the ω-weighted K rows predict)."""
         return None
+
+    def combine_personal(self, client: int, logits: torch.Tensor) -> torch.Tensor:
+        """The client's own logits (1, N, classes) from those of its `personal_model` rows
+        (M, N, classes). Default: the rows as they are (one row: FedSoft's model)."""
+        return logits
+
+    def divergence_hint(self) -> str:
+        """What a user lowers when a local training diverges (its step sizes' setting)."""
+        return f"lower --lr (now {self.config.lr})"
 
     def round_info(self) -> dict[str, Any]:
         """Extra numbers for the round's metrics line (e.g. the number of active models)."""

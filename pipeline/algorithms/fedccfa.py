@@ -124,6 +124,7 @@ def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Te
 class FedCCFA(Algorithm):
     personal_models = True
     needs_sequential = True  # staged local training (`LocalTask.stages`)
+    local_training = "trains in stages (LocalTask.stages, class anchors, prototypes)"
     settings: FedCCFASettings
 
     @classmethod
@@ -132,11 +133,6 @@ class FedCCFA(Algorithm):
 
     def init_state(self) -> None:
         super().init_state()
-        if self.config.persistent_momentum:
-            raise FedrcError(
-                "train.persistent_momentum: fedccfa starts each training stage with fresh "
-                "momentum; set it to false"
-            )
         c = self.num_classes
         width = 0 if self.head is None else self.head[1] - self.head[0]  # None: no model given
         if self.head is not None and (width % c or width // c < 2):

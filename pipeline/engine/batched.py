@@ -257,8 +257,10 @@ class BatchedExecutor(SequentialExecutor):
         """Local SGD of a chunk's tasks at once, one global step at a time (the module's
         docstring: batches, sizes, masking)."""
         tasks = [job[0] for job in jobs]
-        if any(t.stages or t.prototypes for t in tasks):  # the algorithm's `needs_sequential`
-            raise ValueError("the batched executor does not run staged tasks (LocalTask.stages)")
+        if any(t.stages or t.prototypes or t.rule is not None for t in tasks):
+            raise ValueError(
+                "the batched executor does not run staged tasks or rules (LocalTask.stages, .rule)"
+            )
         pool = self._pool(jobs)
         steps, mask = self._schedule(jobs)
         groups_per_step, mask_dev = self._on_device(steps), mask.to(self.device)

@@ -53,12 +53,13 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks) gets the plain loop under `auto` and refuses `batched`."""
-    sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
+    staged tasks, rules) gets the plain loop under `auto` and refuses `batched`."""
+    cls = ALGORITHMS.get(config.algorithm)
+    sequential_only = cls.needs_sequential
     if sequential_only and config.executor == "batched":
         raise FedrcError(
-            f"train.executor: {config.algorithm} trains in stages, which only the sequential "
-            "executor runs; use auto or sequential"
+            f"train.executor: {config.algorithm} {cls.local_training}, which only the "
+            "sequential executor runs; use auto or sequential"
         )
     shape = data.manifest.image_shape
     model = build_model(shape, data.num_classes, config.model, config.model_settings)

@@ -271,7 +271,7 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
         task = e.job[0]
         error = (
             f"round {round_}, client {task.client}, model {task.model}: {e} — training "
-            f"diverged; lower --lr (now {run.config.lr})"
+            f"diverged; {run.algorithm.divergence_hint()}"
         )
     failed = next((e for e in run.comm.all_gather_object(error) if e is not None), None)
     if failed is not None:
