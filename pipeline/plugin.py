@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pipeline.algorithms.adam_estep import AdamEStep
 from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
+from pipeline.algorithms.apfl import APFL, APFLRule
 from pipeline.algorithms.base import Algorithm, HardClustering
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL, CFLStep
@@ -49,6 +50,8 @@ from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
 from pipeline.algorithms.ifca import IFCA, IFCAStep
 from pipeline.algorithms.pacfl import PACFL
+from pipeline.algorithms.personal import PersonalModels
+from pipeline.algorithms.pfedme import PFedMe, PFedMeRule
 from pipeline.algorithms.settings import (
     AdaptiveKSettings,
     EStepSettings,
@@ -63,16 +66,19 @@ from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings, positive, require, setting
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
+from pipeline.engine.rules import LocalRule, Net
 from pipeline.engine.task import LocalResult, LocalTask, Stage
 from pipeline.models import ModelSpec
 
 __all__ = [
+    "APFL",
     "CFL",
     "CFLGP",
     "FLUX",
     "IFCA",
     "IFCACAM",
     "PACFL",
+    "APFLRule",
     "AdamEStep",
     "AdaptiveK",
     "AdaptiveKSettings",
@@ -107,9 +113,14 @@ __all__ = [
     "HardTrainStep",
     "IFCAStep",
     "LocalResult",
+    "LocalRule",
     "LocalTask",
     "Memory",
     "ModelSpec",
+    "Net",
+    "PFedMe",
+    "PFedMeRule",
+    "PersonalModels",
     "RawDataset",
     "RowStore",
     "Settings",

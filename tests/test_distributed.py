@@ -42,6 +42,9 @@ CASES = {
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
     "flux": {"flux": {"cluster_round": 2}},  # statistics gathered from both ranks
     "fedccfa": {"fedccfa": {"align_after": 1}},  # classifier rows + prototypes shared rows
+    # personal models (and APFL's α_i) kept on every rank through shared rows
+    "apfl": {"apfl": {"adaptive": True}},
+    "pfedme": {"pfedme": {"personal_lr": 0.02}},
 }  # FedRC: test_resume_distributed_run
 
 

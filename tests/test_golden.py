@@ -36,6 +36,9 @@ EXTRA = {
     "fedrc": {"estep": "adam", "prune_threshold": 0.05},
     "flux": {"cluster_round": 2},  # one warm-up round, then the clustering round
     "fedccfa": {"align_after": 1},  # the alignment term from round 2 (the authors': round 21)
+    # the personalized baselines
+    "apfl": {"adaptive": True},  # α_i learnt (the authors' default keeps it at 0.5)
+    "pfedme": {"personal_lr": 0.02},  # the authors' 0.09 diverges on this CNN (protocol §13)
 }
 
 

@@ -104,6 +104,21 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FedCCFASettings,
             "fedccfa:FedCCFA",
         ),
+        # the personalized baselines of FLUX's comparison (NeurIPS 2020)
+        AlgorithmCard(
+            "apfl",
+            "APFL",
+            "Deng, Kamani & Mahdavi, arXiv:2003.13461, 2020",
+            own.APFLSettings,
+            "apfl:APFL",
+        ),
+        AlgorithmCard(
+            "pfedme",
+            "pFedMe",
+            "Dinh, Tran & Nguyen, NeurIPS 2020",
+            own.PFedMeSettings,
+            "pfedme:PFedMe",
+        ),
     )
 }
 

@@ -300,6 +300,19 @@ def test_a_staged_algorithm_is_refused_in_one_line(tiny_data: Path, tmp_path: Pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("algorithm", ["apfl", "pfedme"])
+def test_a_personal_rule_is_refused_in_one_line(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """APFL's and pFedMe's tasks carry a local rule that trains a personal model beside the
+    global one (`LocalTask.rule`), which the train message does not carry."""
+    config = flower_config(tiny_data, algorithm, tmp_path / "run")
+    reason = r"trains a personal model beside the global one \(LocalTask\.rule\), which the Flower"
+    with pytest.raises(FedrcError, match=rf"^train\.algorithm: {algorithm} {reason}[^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_diverged_training_is_the_loops_line_naming_its_client(
     tiny_data: Path, tmp_path: Path
 ) -> None:
