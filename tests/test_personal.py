@@ -23,7 +23,7 @@ from pipeline.algorithms.settings import PFedMeSettings
 from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.engine import LocalResult, LocalTask, SequentialExecutor
-from pipeline.engine.rules import LocalRule, Net
+from pipeline.engine.rules import StepLosses
 from pipeline.engine.sequential import as_input
 from pipeline.run.files import METRICS, MODEL, load_state, read_metrics
 from pipeline.run.resolve import make_config
@@ -57,35 +57,22 @@ def inputs(images: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.n
     return as_input(images).reshape(N, D).double().numpy(), labels.numpy()
 
 
-class PlainSGD(LocalRule):
-    """The plain training as a rule: one model, the run's SGD step on its mean loss."""
-
-    def begin(self, net: Net, start: torch.Tensor) -> None:
-        self.params, self.buffers = net.split(start)
-
-    def batch(self, net: Net, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        out = net.logits(self.params, self.buffers, images)
-        losses = nn.functional.cross_entropy(out, labels, reduction="none")
-        (grad,) = torch.autograd.grad(losses.mean(), self.params)
-        net.sgd("w", self.params, grad, net.executor.lr)
-        return losses.sum().detach().double()
-
-    def end(self, net: Net) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return net.join(self.params, self.buffers), {}
-
-
 def test_a_rule_of_plain_sgd_steps_is_the_plain_training() -> None:
     """The rule path draws the plain path's batches and `Net.sgd` is its SGD step (momentum,
-    weight decay): a rule that takes only those steps gives the plain training's numbers."""
+    weight decay): `StepLosses`, which takes only those steps, gives the plain training's
+    numbers, and each batch's mean loss."""
     executor, start, images, labels = linear(momentum=0.9, weight_decay=1e-3, batch_size=5)
     executor.local_epochs = 3
     ones = torch.ones(N)
     plain = executor.train(LocalTask(0, start, ones), images, labels, seed=4)
-    ruled = executor.train(LocalTask(0, start, ones, rule=PlainSGD()), images, labels, seed=4)
+    ruled = executor.train(LocalTask(0, start, ones, rule=StepLosses()), images, labels, seed=4)
     torch.testing.assert_close(ruled.params, plain.params, rtol=0, atol=1e-6)
     assert ruled.loss_sum == pytest.approx(plain.loss_sum, rel=1e-6)
+    steps = ruled.extras["losses"]  # each batch's mean loss: 3 epochs of batches of 5, 5, 2
+    sizes = torch.tensor([5.0, 5, 2] * 3, dtype=torch.float64)
+    assert steps.shape == (9,) and float(steps @ sizes) == pytest.approx(plain.loss_sum, rel=1e-6)
     with pytest.raises(ValueError, match="persistent momentum"):
-        task = LocalTask(0, start, ones, momentum=torch.zeros(start.numel()), rule=PlainSGD())
+        task = LocalTask(0, start, ones, momentum=torch.zeros(start.numel()), rule=StepLosses())
         executor.train(task, images, labels, seed=4)
 
 

@@ -4,6 +4,7 @@ A subclass implements `assign` and overrides only the verbs its paper changes; d
 lists every verb with when it is called and what it must not do.
 
 Once: `init_state()`                the state before round 1 (ω uniform; clusters, tables …)
+      `participants(clients)`         the participating clients (every place; again at a resume)
 At the first round of each time step of a drifting benchmark (every place):
   `begin_step(step)`                 a detector's cue (FedDrift); the data of `step` is in use
 Only for an oracle option that asks (`wants_true_concepts()`), before each round (every place):
@@ -168,6 +169,11 @@ class Algorithm(ABC):
     @property
     def num_rows(self) -> int:
         return self.num_models
+
+    def participants(self, clients: list[int]) -> None:  # noqa: B027 (a hook)
+        """The participating clients (the others are held out and never train), once on every
+        place before round 1, again before a resume loads the state. FedGWC sizes its clusters
+        by them; default: nothing."""
 
     # --- time steps and client statistics -------------------------------------------------
     def begin_step(self, step: int) -> None:  # noqa: B027 (a hook: most algorithms need none)

@@ -94,3 +94,24 @@ def _shaped(layout: list[tuple[str, torch.Size]], flat: torch.Tensor) -> dict[st
     """`flat` cut into views named and shaped as `layout`."""
     pieces = flat.split([shape.numel() for _, shape in layout])
     return {name: piece.view(shape) for (name, shape), piece in zip(layout, pieces)}
+
+
+class StepLosses(LocalRule):
+    """The plain local training (the run's SGD on the mean loss of each batch) that also returns
+    each batch's mean loss, in order: extras `losses` (steps,). FedGWC's clients send them."""
+
+    def begin(self, net: Net, start: torch.Tensor) -> None:
+        self.params, self.buffers = net.split(start)
+        self.losses: list[torch.Tensor] = []
+
+    def batch(self, net: Net, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = net.logits(self.params, self.buffers, images)
+        losses = torch.nn.functional.cross_entropy(out, labels, reduction="none")
+        (grad,) = torch.autograd.grad(losses.mean(), self.params)
+        net.sgd("w", self.params, grad, net.executor.lr)
+        self.losses.append(losses.detach().mean())
+        return losses.detach().sum().double()
+
+    def end(self, net: Net) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        losses = torch.stack(self.losses) if self.losses else torch.zeros(0)
+        return net.join(self.params, self.buffers), {"losses": losses.double().cpu()}

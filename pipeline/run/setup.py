@@ -175,6 +175,7 @@ def build_run(
     algorithm = build_algorithm(
         config, len(data.clients), data.num_classes, head_range(executor.model)
     )
+    algorithm.participants(list(data.participating))
     models = initial_models(executor, data, config, algorithm.num_rows)
     folder = out if config.persistent_momentum else None
     momentum = MomentumStore(
