@@ -42,6 +42,7 @@ from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
 from pipeline.algorithms.fedccfa import FedCCFA
 from pipeline.algorithms.feddrift import FedDrift, FedDriftEager, FedDriftStep
 from pipeline.algorithms.fedem import FedEM, FedEMStep
+from pipeline.algorithms.fedgwc import FedGWC, FedGWCStep
 from pipeline.algorithms.fedprox import FedProx, FedProxStep
 from pipeline.algorithms.fedrc import FedRC, FedRCStep
 from pipeline.algorithms.fedsoft import FedSoft
@@ -66,7 +67,7 @@ from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings, positive, require, setting
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
-from pipeline.engine.rules import LocalRule, Net
+from pipeline.engine.rules import LocalRule, Net, StepLosses
 from pipeline.engine.task import LocalResult, LocalTask, Stage
 from pipeline.models import ModelSpec
 
@@ -101,6 +102,8 @@ __all__ = [
     "FedDriftStep",
     "FedEM",
     "FedEMStep",
+    "FedGWC",
+    "FedGWCStep",
     "FedProx",
     "FedProxStep",
     "FedRC",
@@ -127,6 +130,7 @@ __all__ = [
     "SharedBody",
     "SharedBodySettings",
     "Stage",
+    "StepLosses",
     "StoCFL",
     "StoCFLStep",
     "TableNoise",

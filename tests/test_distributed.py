@@ -45,6 +45,7 @@ CASES = {
     # personal models (and APFL's α_i) kept on every rank through shared rows
     "apfl": {"apfl": {"adaptive": True}},
     "pfedme": {"pfedme": {"personal_lr": 0.02}},
+    "fedgwc": {"fedgwc": {"eps": 10.0}},  # step losses summed over ranks; a split in round 2
 }  # FedRC: test_resume_distributed_run
 
 

@@ -39,6 +39,7 @@ EXTRA = {
     # the personalized baselines
     "apfl": {"adaptive": True},  # α_i learnt (the authors' default keeps it at 0.5)
     "pfedme": {"personal_lr": 0.02},  # the authors' 0.09 diverges on this CNN (protocol §13)
+    "fedgwc": {"eps": 10.0},  # W counts as settled at once: the cluster splits in round 2
 }
 
 

@@ -119,6 +119,14 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.PFedMeSettings,
             "pfedme:PFedMe",
         ),
+        # clustering by the clients' losses (ICML 2025)
+        AlgorithmCard(
+            "fedgwc",
+            "FedGWC",
+            "Licciardi, Leo, Fanì, Caputo & Ciccone, ICML 2025",
+            own.FedGWCSettings,
+            "fedgwc:FedGWC",
+        ),
     )
 }
 

@@ -330,3 +330,23 @@ class PFedMeSettings(Settings):
         require(positive(self.local_lr), "local_lr", "a number > 0", self.local_lr)
         decay = self.personal_decay
         require(decay >= 0, "personal_decay", "a number >= 0", decay)
+
+
+# --- FedGWC ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FedGWCSettings(Settings):
+    """The authors' defaults (davedleo/FedGWC, config.py)."""
+
+    gamma: float = setting(0.1, "γ of the affinity exp(−γ ‖W_i − W_j‖²) between two clients")
+    eps: float = setting(1e-5, "ε: a cluster clusters when its interactions change less than ε")
+    loss_sampling_size: int = setting(
+        10, "the Gaussian's population: losses drawn from N(μ_s, σ²_s) beside the sampled ones"
+    )
+
+    def validate(self) -> None:
+        require(positive(self.gamma), "gamma", "a number > 0", self.gamma)
+        require(positive(self.eps), "eps", "a number > 0", self.eps)
+        size = self.loss_sampling_size
+        require(size >= 0, "loss_sampling_size", "an integer >= 0", size)
