@@ -1,5 +1,6 @@
-"""`fedrc info` without a folder: what can be named in a run, built-in and from plugins. It reads
-the built-ins' cards (paper or summary, settings), so only a plugin is imported."""
+"""`fedrc info` without a folder: what can be named in a run, built-in and from plugins, and how a
+benchmark's clients can be drawn (fedrc's label splits, Flower's partitioners when installed).
+It reads the built-ins' cards (paper or summary, settings), so only a plugin is imported."""
 
 from __future__ import annotations
 
@@ -7,15 +8,29 @@ import dataclasses
 from typing import Any
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.algorithms import ALGORITHMS
 from pipeline.common.registry import Entry, Registry
 from pipeline.common.settings import description, field_types
-from pipeline.data.loaders import DATASETS
+from pipeline.data.loaders import DATASETS, PREFIX, dataset_spec
+from pipeline.data.partitioners import flower_partitioners
 from pipeline.models import MODELS
 
 REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, MODELS, DATASETS)
+# `--label-split` (fedrc's own; docs/benchmarks.md) beside `--partitioner` (Flower's) and
+# `--partition-by` (one client per value of a column)
+LABEL_SPLITS = {
+    "sequential_dirichlet": "the FedRC benchmark's: q ~ Dir(α · remaining class shares), client "
+    "after client (--label-split)",
+    "dirichlet": "each class over the clients by Dir(α · 1) (--label-split)",
+    "n_class": "classes_per_client classes a client (--label-split)",
+    "cluster_dirichlet": "Fed-CAM's Dir(α, α_within) over label groups (--label-split)",
+    "cluster_n_class": "Fed-CAM's n-class(a, b) over label groups (--label-split)",
+    "partition_by": "one client per value of a column, unseen values held out (--partition-by "
+    "COLUMN)",
+}
 
 
 def _about(card: Any) -> str:
@@ -34,6 +49,11 @@ def catalog() -> Table:
     for registry in REGISTRIES:
         for entry in registry.entries():
             table.add_row(registry.kind, entry.name, entry.origin, _row(entry))
+    for name, summary in LABEL_SPLITS.items():
+        table.add_row("partitioner", name, "built-in", summary)
+    for name, origin, summary in flower_partitioners():
+        use = "" if name.startswith("(") else f" (--partitioner {name})"
+        table.add_row("partitioner", name, origin, escape(summary) + use)
     return table
 
 
@@ -44,6 +64,8 @@ def settings_of(card: Any) -> type | None:
 
 def find(name: str) -> tuple[Registry, Any] | None:
     """The registry and card of the component called `name` (built-in or plugin), or None."""
+    if name.startswith(PREFIX):  # any Hugging Face dataset: the source's card
+        return DATASETS, dataset_spec(name)
     for registry in REGISTRIES:
         if name in registry.names() or ":" in name:
             return registry, registry.card(name)

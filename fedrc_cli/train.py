@@ -20,7 +20,7 @@ from fedrc_cli.common import (
     user_errors,
     writing,
 )
-from fedrc_cli.options import dataclass_options, with_options
+from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig, read_params
 
@@ -59,6 +59,7 @@ def train(
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         check_names("--out", options.get("out") or TrainConfig().out)
+        options = comma_lists(TrainConfig, options)
         from fedrc_cli.progress import run_with_progress
         from pipeline.run.resolve import train_config
         from pipeline.stages import train_stage

@@ -88,7 +88,7 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
         check_partition_out(Path(config.out), overwrite)
         out = Path(os.path.abspath(config.out))  # "." and "x/.." have a name here
         remove_leftovers(out.parent, [out.name])  # a killed partition's temporary folder
-        return write_benchmark(config, load_dataset(config.dataset, config.data_root))
+        return write_benchmark(config, load_dataset(config.dataset, config.data_root, config.hub))
 
 
 def check_partition_out(out: Path, overwrite: bool) -> None:

@@ -26,6 +26,7 @@ from pipeline.data.loaders.streams import (
 )
 from pipeline.data.shards import load_federated
 from pipeline.models import MODELS, build_model
+from pipeline.run.resolve import train_config
 from pipeline.stages import partition_stage
 
 NAMES = tuple(STREAMS)
@@ -185,9 +186,21 @@ def test_mlp_takes_any_shape_with_fedrifts_width(shape: tuple[int, int, int]) ->
 
 def test_cnn_on_a_stream_is_a_one_line_error(tmp_path: Path) -> None:
     partition_stage(PartitionConfig(**tiny("sine"), out=str(tmp_path / "d")))
-    result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "d"), "--device", "cpu"])
+    args = ["train", "--data", str(tmp_path / "d"), "--device", "cpu", "--model", "cnn"]
+    result = CliRunner().invoke(app, args)
     assert_one_line_error(result, "train.model: cnn does not fit 1×2 images")
     assert "mlp takes any shape" in result.output
+
+
+def test_a_stream_trains_the_mlp_and_takes_its_shifts_when_none_are_named(tmp_path: Path) -> None:
+    """Issue 39: `--model mlp` and `--shifts label,concept` need not be typed for a stream."""
+    values = {k: v for k, v in tiny("sine").items() if k != "shifts"}
+    config = PartitionConfig(**values, out=str(tmp_path / "d"))
+    assert config.shifts == ["label", "concept"]  # no feature shift for a tabular dataset
+    partition_stage(config)
+    assert train_config({}, {"data": str(tmp_path / "d")}).model == "mlp"
+    assert train_config({}, {"data": str(tmp_path / "d"), "model": "cnn"}).model == "cnn"
+    assert train_config({}, {"data": str(tmp_path / "nothing")}).model == "cnn"
 
 
 # ---- through the CLI --------------------------------------------------------------------------
@@ -257,8 +270,10 @@ def args(config: dict) -> list[str]:
 
 
 def test_feature_shift_and_corruptions_are_refused_on_a_stream() -> None:
-    """The default shifts include feature: on a stream that is one line naming the setting."""
-    result = CliRunner().invoke(app, ["partition", "--dataset", "sine", "--out", "d"])
+    """Feature shift asked for on a stream is one line naming the setting (the default leaves
+    it out there)."""
+    asked = ["--shifts", "label,feature,concept"]
+    result = CliRunner().invoke(app, ["partition", "--dataset", "sine", *asked, "--out", "d"])
     assert_one_line_error(result, "partition.shifts")
     assert "tabular" in result.output
     styles = CliRunner().invoke(

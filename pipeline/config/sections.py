@@ -30,7 +30,17 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 # Options that do not change the numbers: a resumed run may change them (`resolve.resumed`), and
 # a checkpoint's identity leaves them out (`TrainConfig.identity`).
-RESUMABLE = ("rounds", "data", "out", "device", "executor", "chunk_clients", "checkpoint_every")
+RESUMABLE = (
+    "rounds",
+    "data",
+    "out",
+    "device",
+    "executor",
+    "chunk_clients",
+    "checkpoint_every",
+    "log",
+)
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # `--log`: pipeline.run.trackers
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class TrainConfig:
             "persistent_momentum",
             "skip_below",
         ),
-        "Evaluation and checkpoints": ("eval_every", "checkpoint_every"),
+        "Evaluation and checkpoints": ("eval_every", "checkpoint_every", "log"),
         "Execution": ("device", "executor", "chunk_clients", "precision"),
     }
 
@@ -102,6 +112,12 @@ class TrainConfig:
         "Write checkpoint.pt every N rounds (and at the last); none: every round while a "
         "checkpoint is under 512 MB; 0: never (the run can be neither resumed nor extended).",
     )
+    log: list[str] = option(
+        None,
+        "Also send each round's numbers and the run's configuration to these trackers, "
+        "comma-separated: tensorboard, wandb, mlflow (each an optional extra).",
+        default_factory=list,
+    )
 
     # Execution
     device: str = option("auto", "auto (cuda when available), cpu or cuda.")
@@ -143,6 +159,9 @@ class TrainConfig:
             "a number in (0, 1]",
             self.participation,
         )
+        for name in self.log:
+            _require(name in TRACKERS, f"{t}.log", f"names from {TRACKERS}", name)
+        _require(len(set(self.log)) == len(self.log), f"{t}.log", "no repeats", self.log)
         _require(self.eval_every >= 1, f"{t}.eval_every", "an integer >= 1", self.eval_every)
         ce = self.checkpoint_every
         _require(

@@ -11,6 +11,12 @@ Drift over time (T = `time_steps` > 1, `pipeline.data.drift`): a participating c
 (`samples_per_client` per step) are dealt at random into T parts, one per step, each split into
 train and test and labelled by the client's concept at that step; its style stays. The static
 benchmark (T = 1) draws exactly as before, so its shards are unchanged byte for byte.
+
+Where the clients come from instead of a label split: a Flower Datasets partitioner
+(`pipeline.data.partitioners`), or clients the data defines (`pipeline.data.natural`): natural
+ids, whose held-out clients are unseen ids from the training pool, and a recorded stream, whose
+rows keep their time order: each client's part of a time window is its step, the last rows of
+each part its test split.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
 from pipeline.data.loaders import RawDataset
+from pipeline.data.natural import natural_split, segment_split
 from pipeline.data.partition_config import PartitionConfig
+from pipeline.data.partitioners import flower_split
 from pipeline.data.records import MANIFEST, ClientRecord, Manifest, MixGroup, write_manifest
 from pipeline.data.sampling import balanced_subset, train_test_split
 from pipeline.data.shards import SHARDS, ClientData, write_shards
@@ -80,10 +88,8 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
         if steps == 1 or quota is None
         else dataclasses.replace(config, samples_per_client=quota * steps)
     )
-    split = split_labels(
-        split_config, pool_labels, raw.num_classes, np.random.default_rng(split_seq)
-    )
     concepts = used_concepts(config)
+    split = _split(split_config, raw, pool_labels, len(concepts), np.random.default_rng(split_seq))
     for concept_ in concepts:
         concept_.check(raw.num_classes, len(raw.label_rules))
     groups = mix_groups(config.client_mix, len(config.concepts), config.client_shares)
@@ -94,7 +100,7 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
         corrupted[:] = False
     holdout = balanced_subset(
         raw.test_labels, raw.num_classes, config.holdout_samples, np.random.default_rng(holdout_seq)
-    )
+    )  # drawn in any case, so that the draws after it stay as they were
     styles = resolve_styles(config, raw.image_shape[-1])
     schedule = None
     if steps > 1:
@@ -116,6 +122,41 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
         styles,
         schedule,
     )
+
+
+def _split(
+    config: PartitionConfig,
+    raw: RawDataset,
+    labels: np.ndarray,
+    held_out: int,
+    rng: np.random.Generator,
+) -> LabelSplit:
+    """The participating clients' samples: natural ids, a recorded stream's segments, a Flower
+    partitioner, or fedrc's label split."""
+    if (config.partition_by is not None or raw.ordered) and config.replicate != 1:
+        raise FedrcError("partition.replicate: 1 with natural ids or a recorded stream")
+    if config.partition_by is not None:
+        if config.partition_by not in raw.columns:
+            named = ", ".join(raw.columns) or "none"
+            raise FedrcError(
+                f"partition.partition_by: {raw.name} has no column {config.partition_by!r} to "
+                f"name clients by (columns: {named})"
+            )
+        ids = raw.columns[config.partition_by]
+        return natural_split(
+            ids, config.partition_by, config.clients, held_out, config.holdout_ids,
+            config.steps, raw.ordered, rng,
+        )  # fmt: skip
+    if raw.ordered:
+        return segment_split(labels.size, config.clients, config.steps)
+    if config.partitioner is not None:
+        parts = flower_split(
+            config.partitioner, config.partitioner_options, labels,
+            {k: np.tile(v, config.replicate) for k, v in raw.columns.items()},
+            config.clients, config.seed,
+        )  # fmt: skip
+        return LabelSplit(parts, None)
+    return split_labels(config, labels, raw.num_classes, rng)
 
 
 def _check_parts(split: LabelSplit, steps: int) -> None:
@@ -160,8 +201,15 @@ def _clients(
             severity = int(style_rng.integers(1, 6))
             images = corrupt(images, style, severity, seed=int(rng.integers(2**31)))
         client = ClientData(i, participating, c, style, severity, images, true, true, true, group)
+        ordered = split.steps is not None and participating
+        if ordered and schedule is None:  # a recorded stream, one step: its last rows test
+            client.is_test = _last(true.size, config.test_fraction)
+            client.labels = concepts[c].relabel(true, raw.num_classes, rng, clean, raw.label_rules)
+            return client
         if schedule is not None and participating:
-            return _over_time(client, clean, schedule[:, i], rng)
+            return _over_time(
+                client, clean, schedule[:, i], rng, split.steps[i] if ordered else None
+            )
         if schedule is not None:  # a held-out client: the same rows at every step
             client.step = np.zeros(true.size, dtype=np.int64)
         client.is_test = train_test_split(true.size, config.test_fraction, rng)
@@ -169,10 +217,18 @@ def _clients(
         return client
 
     def _over_time(
-        client: ClientData, clean: np.ndarray, row: np.ndarray, rng: np.random.Generator
+        client: ClientData,
+        clean: np.ndarray,
+        row: np.ndarray,
+        rng: np.random.Generator,
+        steps: np.ndarray | None = None,
     ) -> ClientData:
-        """The client's samples dealt into one part per step, each with that step's concept."""
-        parts = np.array_split(rng.permutation(client.true_labels.size), row.size)
+        """The client's samples dealt into one part per step, each with that step's concept;
+        `steps` (a recorded stream): each row's step, the parts in time order."""
+        if steps is None:
+            parts = np.array_split(rng.permutation(client.true_labels.size), row.size)
+        else:
+            parts = [np.flatnonzero(steps == t) for t in range(row.size)]
         order = np.concatenate(parts)
         labels = [
             concepts[k].relabel(
@@ -181,13 +237,19 @@ def _clients(
             for p, k in zip(parts, row)
         ]
         sizes = [p.size for p in parts]
+
+        def split_part(n: int) -> np.ndarray:
+            if steps is None:
+                return train_test_split(n, config.test_fraction, rng)
+            return _last(n, config.test_fraction)
+
         return dataclasses.replace(
             client,
             concept=int(row[0]),
             images=client.images[order],
             true_labels=client.true_labels[order],
             labels=np.concatenate(labels),
-            is_test=np.concatenate([train_test_split(n, config.test_fraction, rng) for n in sizes]),
+            is_test=np.concatenate([split_part(n) for n in sizes]),
             step=np.repeat(np.arange(row.size), sizes),
             row_concept=np.repeat(row, sizes),
         )
@@ -206,15 +268,18 @@ def _clients(
         )
     held_corrupted = config.holdout_corrupted and "feature" in config.shifts
     for c in range(len(concepts)):
-        yield make(
-            config.clients + c,
-            False,
-            c,
-            held_corrupted,
-            raw.test_images[holdout],
-            raw.test_labels[holdout],
-            None,
-        )
+        images, labels = raw.test_images, raw.test_labels
+        rows = holdout
+        if split.held is not None:  # unseen natural ids, from the training pool
+            images, labels, rows = raw.train_images, raw.train_labels, split.held[c]
+        yield make(config.clients + c, False, c, held_corrupted, images[rows], labels[rows], None)
+
+
+def _last(n: int, test_fraction: float) -> np.ndarray:
+    """The test mask of `n` rows in time order: the last round(n · test_fraction), at least one."""
+    mask = np.zeros(n, dtype=bool)
+    mask[n - min(n - 1, max(1, round(n * test_fraction))) :] = True
+    return mask
 
 
 def versions() -> dict[str, str]:

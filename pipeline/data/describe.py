@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data.loaders.recorded import RECORDED
 from pipeline.data.records import Manifest
 
 
@@ -79,7 +80,7 @@ def describe(manifest: Manifest) -> dict[str, Any]:
         "seed": manifest.seed,
         "content_hash": manifest.content_hash,
         "shifts": config["shifts"],
-        "label_split": config["label_split"] if "label" in config["shifts"] else "iid",
+        "label_split": label_split(config),
         "label_groups": len(groups),
         "participating": len(part),
         "held_out": len(held),
@@ -101,3 +102,14 @@ def describe(manifest: Manifest) -> dict[str, Any]:
         ),
         **({"drift": drift} if (drift := drift_summary(manifest)) else {}),
     }
+
+
+def label_split(config: dict[str, Any]) -> str:
+    """How the participating clients got their samples, in a few words."""
+    if config.get("partition_by"):
+        return f"natural ids ({config['partition_by']})"
+    if config.get("dataset") in RECORDED:
+        return "time segments"
+    if config.get("partitioner"):
+        return f"flwr-datasets {config['partitioner']}"
+    return config["label_split"] if "label" in config["shifts"] else "iid"

@@ -36,6 +36,10 @@ MAX_DRAWS = 100
 class LabelSplit:
     indices: list[np.ndarray]  # per client: sorted indices into the training pool
     groups: np.ndarray | None  # per client: its Fed-CAM label group (cluster_* splits only)
+    # natural ids (`pipeline.data.natural`): each held-out client's indices into the pool
+    held: list[np.ndarray] | None = None
+    # a recorded stream: per client, the time step of each of its rows (its order kept)
+    steps: list[np.ndarray] | None = None
 
 
 def _check_pool(pool: int, clients: int, per_client: int) -> None:

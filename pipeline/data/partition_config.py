@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.common.errors import FedrcError
 from pipeline.common.settings import SEED_MAX, SEEDS, option
 from pipeline.common.settings import positive as _positive
 from pipeline.common.settings import require as _require
@@ -15,9 +16,12 @@ from pipeline.data.client_mix import MIXES, check_shares
 from pipeline.data.concepts import parse_concepts
 from pipeline.data.corruptions import CORRUPTIONS, accepted, suite_name
 from pipeline.data.drift import PRESETS, check_drift
-from pipeline.data.loaders import DATASETS
+from pipeline.data.loaders import PREFIX, HubColumns, dataset_spec
+from pipeline.data.loaders.recorded import RECORDED
+from pipeline.data.partitioners import check_partitioner
 
 SHIFTS = ("label", "feature", "concept")
+RECORDED_STREAMS = tuple(RECORDED)  # their clients are time segments or column values
 # implemented in pipeline.data.label_splits, which reads a PartitionConfig
 LABEL_SPLITS = (
     "sequential_dirichlet",
@@ -39,13 +43,47 @@ class PartitionConfig:
     dataset: str = option(
         "fmnist",
         "fmnist, mnist, cifar10, cifar100, tinyimagenet, synthetic (built in), folder (your "
-        "images: --data-root TREE), the drift streams sine, circle, sea, stagger, agrawal, "
-        "hyperplane (tabular: no feature shift), or a plugin (`fedrc info`).",
+        "images: --data-root TREE), hf:NAME (a Hugging Face dataset), the drift streams sine, "
+        "circle, sea, stagger, agrawal, hyperplane and the recorded elec2, airlines, covertype "
+        "(tabular: no feature shift), or a plugin (`fedrc info`).",
     )
     data_root: str | None = option(
         None,
         "Folder with the dataset's files (IDX files, cifar-10-batches-py/, cifar-100-python/, "
-        "tiny-imagenet-200/, an image tree); a torchvision download goes there too.",
+        "tiny-imagenet-200/, an image tree, a stream's CSV / ARFF file, an hf: dataset's local "
+        "copy); a download goes there too.",
+    )
+    split: str | None = option(None, "hf: the split of training samples (none: train).")
+    test_split: str | None = option(
+        None,
+        "hf: the split of test samples (none: test if there is one, else every fifth training "
+        "sample; with partition_by, unseen ids instead).",
+    )
+    image_column: str | None = option(
+        None, "hf: the images (none: the first Image feature, else image or img)."
+    )
+    label_column: str | None = option(
+        None, "hf: the class labels (none: the first ClassLabel feature, else label)."
+    )
+    partition_by: str | None = option(
+        None,
+        "Natural clients: one per value of this column (FEMNIST's writer_id, Airlines' "
+        "Airline); --clients of them take part, unseen ones are held out.",
+    )
+    holdout_ids: int = option(
+        1, "partition_by: unseen ids in each held-out client (one held-out client per concept)."
+    )
+    partitioner: str | None = option(
+        None,
+        "A Flower Datasets partitioner for the label split, in place of label_split: dirichlet, "
+        "pathological, shard, iid, linear, square, exponential, … (flwr-datasets' names), or "
+        "module:Name.",
+    )
+    partitioner_options: Any = option(
+        None,
+        "The partitioner's own arguments, KEY=VALUE comma-separated (in params.yaml a mapping), "
+        "e.g. alpha=0.3,min_partition_size=5; num_partitions, partition_by and seed default to "
+        "--clients, label and --seed.",
     )
     replicate: int = option(1, "Repeat the training pool N times before splitting.")
     clients: int = option(300, "Participating clients.")
@@ -54,10 +92,11 @@ class PartitionConfig:
         "Samples per client (train + test); none: the whole pool. Dirichlet splits: the pool is "
         "clients × this, sizes vary.",
     )
-    shifts: list[str] = option(
+    shifts: list[str] | None = option(
         None,
-        "Comma-separated shifts: label, feature, concept.",
-        default_factory=lambda: list(SHIFTS),
+        "Comma-separated shifts: label, feature, concept (none: those the dataset takes: all "
+        "three for images, no feature shift for a tabular stream, no label split with "
+        "partition_by; a recorded stream: none, its own drift).",
     )
     label_split: str = option(
         "sequential_dirichlet",
@@ -113,9 +152,40 @@ class PartitionConfig:
     seed: int = option(0, "Seed: same seed, same bytes.")
     out: str = option("data/federated", "Output folder.")
 
+    def __post_init__(self) -> None:
+        if self.shifts is None:  # the shifts the dataset takes; a recorded stream: its own drift
+            left_out = {*self.refused_shifts(), *self.recorded * ["concept"]}
+            object.__setattr__(self, "shifts", [s for s in SHIFTS if s not in left_out])
+
+    @property
+    def recorded(self) -> bool:
+        return self.dataset in RECORDED_STREAMS
+
+    def refused_shifts(self) -> dict[str, str]:
+        """The shifts this dataset and partition cannot take, each with why."""
+        spec = dataset_spec(self.dataset, "partition.dataset")
+        refused = {}
+        if spec.tabular:
+            refused["feature"] = f"{self.dataset} is tabular: no feature shift"
+        if self.partition_by is not None:
+            refused["label"] = "partition_by: the clients' own labels are the label shift"
+        elif self.recorded:
+            refused["label"] = (
+                f"{self.dataset} is a recorded stream: its clients are time segments (or "
+                "partition_by values), their labels as recorded"
+            )
+        return refused
+
+    @property
+    def hub(self) -> HubColumns:
+        """What to read of an hf: dataset."""
+        return HubColumns(
+            self.split, self.test_split, self.image_column, self.label_column, self.partition_by
+        )
+
     def validate(self) -> None:
         p = "partition"
-        spec = DATASETS.get(self.dataset, f"{p}.dataset")
+        spec = dataset_spec(self.dataset, f"{p}.dataset")
         _require(self.replicate >= 1, f"{p}.replicate", "an integer >= 1", self.replicate)
         _require(self.clients >= 2, f"{p}.clients", "an integer >= 2", self.clients)
         spc = self.samples_per_client
@@ -125,14 +195,16 @@ class PartitionConfig:
         _require(
             len(set(self.shifts)) == len(self.shifts), f"{p}.shifts", "no repeats", self.shifts
         )
-        if spec.tabular:  # feature vectors: the image corruptions do not apply
+        for shift, why in self.refused_shifts().items():
+            allowed = [s for s in SHIFTS if s not in self.refused_shifts()]
             _require(
-                "feature" not in self.shifts,
+                shift not in self.shifts,
                 f"{p}.shifts",
-                f"label and/or concept only ({self.dataset} is tabular: no feature shift), e.g. "
-                "label,concept",
+                f"names from {', '.join(allowed)} ({why}), e.g. {','.join(allowed) or 'none'}",
                 ",".join(self.shifts),
             )
+        self._validate_sources()
+        if spec.tabular:  # feature vectors: the image corruptions do not apply
             _require(
                 self.styles is None,
                 f"{p}.styles",
@@ -174,6 +246,44 @@ class PartitionConfig:
         _require(hs is None or hs >= 10, f"{p}.holdout_samples", ">= 10 or null", hs)
         _require(0 <= self.seed <= SEED_MAX, f"{p}.seed", SEEDS, self.seed)
         self._validate_drift(concepts)
+
+    def _validate_sources(self) -> None:
+        """The hf: columns, natural ids and Flower partitioners, each where it applies."""
+        p = "partition"
+        if not self.dataset.startswith(PREFIX):
+            for key in ("split", "test_split", "image_column", "label_column"):
+                _require(
+                    getattr(self, key) is None,
+                    f"{p}.{key}",
+                    f"null (it names a Hugging Face dataset's columns; dataset is {self.dataset})",
+                    getattr(self, key),
+                )
+        if self.partition_by is not None or self.partitioner is not None:
+            what = "partition_by" if self.partition_by is not None else "partitioner"
+            _require(
+                self.samples_per_client is None,
+                f"{p}.samples_per_client",
+                f"null with {what} (it decides each client's samples)",
+                self.samples_per_client,
+            )
+        _require(self.holdout_ids >= 1, f"{p}.holdout_ids", "an integer >= 1", self.holdout_ids)
+        if self.partition_by is not None:
+            _require(
+                self.partitioner is None,
+                f"{p}.partitioner",
+                "null with partition_by (natural ids are the clients)",
+                self.partitioner,
+            )
+            _require(
+                self.holdout_samples is None,
+                f"{p}.holdout_samples",
+                "null with partition_by (a held-out client holds its ids' samples)",
+                self.holdout_samples,
+            )
+        if self.partitioner is not None:
+            check_partitioner(self.partitioner, self.partitioner_options)
+        elif self.partitioner_options is not None:
+            raise FedrcError(f"{p}.partitioner_options: given without partition.partitioner")
 
     @property
     def steps(self) -> int:

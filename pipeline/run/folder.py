@@ -2,9 +2,9 @@
 folder it refuses, decided before anything there is touched.
 
 A run folder holds train's files (`run_files.train_outputs`), eval's and plot's outputs,
-DVCLive's folder, DVC's `.gitignore`, the writer lock and the temporary files of writes in
-progress. A folder holding anything else (a benchmark, a user's own files) is not a run:
-train refuses it even with `--overwrite`, which would delete or mix with what is there.
+DVCLive's and the trackers' folders, DVC's `.gitignore`, the writer lock and the temporary files
+of writes in progress. A folder holding anything else (a benchmark, a user's own files) is not a
+run: train refuses it even with `--overwrite`, which would delete or mix with what is there.
 A run stopped before its first checkpoint cannot be resumed and holds nothing worth keeping:
 it is started over, with a warning saying what was there.
 """
@@ -24,8 +24,10 @@ from pipeline.run import files as rf
 from pipeline.run.derived import DERIVED, remove_derived
 from pipeline.run.live import FOLDER as LIVE_FOLDER
 from pipeline.run.momentum import LIVE_FILE
+from pipeline.run.trackers import FOLDERS as TRACKER_FOLDERS
 
-TOOLS = (LIVE_FOLDER, ".gitignore", LOCK)  # DVCLive's folder, DVC's list of its outputs, the lock
+# DVCLive's folder, DVC's list of its outputs, the lock, the trackers' folders (`--log`)
+TOOLS = (LIVE_FOLDER, ".gitignore", LOCK, *TRACKER_FOLDERS)
 MOMENTUM_LIVE = LIVE_FILE.format(rank="*")  # a killed run's live momentum buffers
 
 

@@ -1,5 +1,6 @@
 """What a run records as it goes, written by the main place: config.json, a row a round in
-metrics.jsonl, each evaluated round's ω in assignments.parquet, and DVCLive's view of the rows.
+metrics.jsonl, each evaluated round's ω in assignments.parquet, and the rows for DVCLive and the
+trackers of `--log` (TensorBoard, W&B, MLflow).
 
 A resumed run's metrics.jsonl is cut back to its checkpoint's round first. Extending a finished
 run (`--resume` with more `--rounds`): its files stay as they were (whole) until the extension's
@@ -19,6 +20,7 @@ from pipeline.run import files as rf
 from pipeline.run.derived import remove_derived
 from pipeline.run.live import round_logger
 from pipeline.run.setup import Progress, Run
+from pipeline.run.trackers import Tracker, open_trackers
 
 
 class RunLog:
@@ -31,6 +33,7 @@ class RunLog:
         self.values = {**config_dict(run.config), "data_digest": digest}  # config.json
         self.held: list[dict[str, Any]] | None = None  # an extension's rows, until written
         self.live = None
+        self.trackers: list[Tracker] = []
 
     def open(self, progress: Progress, resume: bool) -> None:
         """Start the record: from scratch, or after the checkpoint's round when resuming."""
@@ -45,6 +48,7 @@ class RunLog:
             write_json(self.out / rf.CONFIG, self.values)
         logged = rf.read_metrics(self.out / rf.METRICS) if resume else []
         self.live = round_logger(self.out, logged)
+        self.trackers = open_trackers(self.config.log, self.out, self.values, logged)
 
     def add(self, row: dict[str, Any], progress: Progress) -> None:
         """A round's row (held back while an extension has not reached its checkpoint)."""
@@ -64,11 +68,13 @@ class RunLog:
         self.held = None
 
     def write(self, rows: list[dict[str, Any]], progress: Progress) -> None:
-        """metrics.jsonl, assignments.parquet and DVCLive."""
+        """metrics.jsonl, assignments.parquet, DVCLive and the trackers."""
         for row in rows:
             rf.append_metrics(self.out / rf.METRICS, row)
             if self.live is not None:
                 self.live(row)
+            for tracker in self.trackers:
+                tracker(row)
         per_step = self.config.rounds_per_step
         steps = [step_of(r, per_step, self.steps) for r in progress.eval_rounds]
         where = self.out / rf.ASSIGNMENTS
@@ -77,3 +83,5 @@ class RunLog:
     def close(self) -> None:
         if self.live is not None:
             self.live.close()
+        for tracker in self.trackers:
+            tracker.close()

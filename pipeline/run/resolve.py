@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,6 +35,7 @@ from pipeline.config import (
     refuse_non_finite,
     section,
 )
+from pipeline.data.records import read_manifest
 from pipeline.models import BUILT_IN as BUILT_IN_MODELS
 from pipeline.models import MODELS
 
@@ -160,7 +162,8 @@ def train_config(
     shared = {**from_file, **row, **given}
     profile = shared.get("profile", DEFAULTS.profile)
     require(profile in PROFILES, "train.profile", f"one of {tuple(PROFILES)}", profile)
-    model = shared.get("model", DEFAULTS.model)
+    model = shared.get("model") or default_model(shared.get("data", DEFAULTS.data))
+    shared["model"] = model
     collected = _Collected(algorithm, model, ("train.algorithm", "train.model"))
     for name, cls in collected.classes.items():
         collected.values[name].update(cls.profiles.get(profile, {}))
@@ -169,6 +172,17 @@ def train_config(
         collected.put(key, value, f"per_algorithm.{algorithm}.")
     _apply_sets(collected, list(sets))
     return _finish({**PROFILES[profile], **shared}, collected, "train")
+
+
+def default_model(data: str) -> str:
+    """The model when none is named: `mlp` for a benchmark of feature rows (samples of shape
+    (1, d, 1): a tabular stream, which the CNN cannot take), else `cnn`. A missing or broken
+    benchmark gets the CNN here; training then says what is wrong with it."""
+    try:
+        height, _, channels = read_manifest(Path(data)).image_shape
+    except FedrcError:
+        return DEFAULTS.model
+    return "mlp" if (height, channels) == (1, 1) else DEFAULTS.model
 
 
 def _put_sections(collected: _Collected, raw: dict[str, Any]) -> None:
@@ -208,9 +222,10 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
     values = dict(values)
     nested = values.pop("settings", None) or {}
     shared = checked_values(TrainConfig, {k: v for k, v in values.items() if k in SHARED}, where)
+    shared["model"] = shared.get("model") or default_model(shared.get("data", DEFAULTS.data))
     collected = _Collected(
         shared.get("algorithm", DEFAULTS.algorithm),
-        shared.get("model", DEFAULTS.model),
+        shared["model"],
         (f"{where}.algorithm", f"{where}.model"),
     )
     _put_nested(collected, nested, where)

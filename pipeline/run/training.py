@@ -52,6 +52,7 @@ from pipeline.run.setup import (
     load_data,
     make_executor,
 )
+from pipeline.run.trackers import require_trackers
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -389,6 +390,7 @@ def train_run(
 
     The main place, which writes the run's files, holds the run folder's lock throughout: a
     second writer is refused on every place (`pipeline.common.run_lock`)."""
+    require_trackers(config.log)  # a missing extra stops the run before its folder is touched
     with ExitStack() as held:
 
         def lock() -> None:

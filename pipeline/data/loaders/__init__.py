@@ -1,26 +1,39 @@
-"""Datasets by name (`DATASETS`: built-in or a plugin), as uint8 image arrays (N, H, W, C) and
-int64 labels; the tabular drift streams (`streams`) store feature vectors as (1, d, 1) images.
+"""Datasets by name (`DATASETS`: built-in or a plugin; `hf:NAME` any Hugging Face dataset), as
+uint8 image arrays (N, H, W, C) and int64 labels; the tabular drift streams (`streams`, and the
+recorded ones, `recorded`) store feature vectors as (1, d, 1) images.
 
 Each built-in loader reads local files first (`--data-root`, system folders) and downloads
-through torchvision only when they are missing; a failure is one FedrcError naming `--data-root`.
+(torchvision, the hub, the stream's own address) only when they are missing; a failure is one
+FedrcError naming `--data-root`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pipeline.common.errors import FedrcError
 from pipeline.common.registry import Registry
 from pipeline.data.loaders.cifar import load_cifar
 from pipeline.data.loaders.folder import load_folder
+from pipeline.data.loaders.hub import PREFIX, HubColumns, load_hub
 from pipeline.data.loaders.idx import load_idx_dataset
 from pipeline.data.loaders.raw import RawDataset
+from pipeline.data.loaders.recorded import RECORDED, load_recorded
 from pipeline.data.loaders.spec import DatasetSpec
 from pipeline.data.loaders.streams import load_stream
 from pipeline.data.loaders.synthetic import make_synthetic
 from pipeline.data.loaders.tiny_imagenet import load_tiny_imagenet
 
-__all__ = ["DATASETS", "DatasetSpec", "RawDataset", "load_dataset"]
+__all__ = [
+    "DATASETS",
+    "PREFIX",
+    "DatasetSpec",
+    "HubColumns",
+    "RawDataset",
+    "dataset_spec",
+    "load_dataset",
+]
 
 FEDDRIFT = "FedDrift, Jothimurugesan et al., AISTATS 2023"
 STREAM_SUMMARIES = {  # tabular drift streams (docs/streams.md), concepts native:0, native:1, …
@@ -41,6 +54,30 @@ def _stream(name: str) -> DatasetSpec:
     return DatasetSpec(
         name, STREAM_SUMMARIES[name], lambda root: load_stream(name), 2, 1, tabular=True
     )
+
+
+def _recorded(name: str) -> DatasetSpec:
+    spec = RECORDED[name]
+    return DatasetSpec(
+        name,
+        spec.summary,
+        lambda root: load_recorded(name, root),
+        len(spec.classes),
+        1,
+        tabular=True,
+    )
+
+
+def _hub(root: str | None) -> RawDataset:
+    raise FedrcError(f"--dataset: give the dataset's name after {PREFIX}, e.g. {PREFIX}mnist")
+
+
+HUB = DatasetSpec(
+    f"{PREFIX}NAME",
+    "Any Hugging Face dataset of images and labels (`datasets`, the hf extra): hub id or local "
+    "copy (--data-root); split, test_split, image_column, label_column",
+    _hub,
+)
 
 
 BUILT_IN = {
@@ -94,6 +131,8 @@ BUILT_IN = {
             load_folder,
         ),
         *(_stream(name) for name in STREAM_SUMMARIES),
+        *(_recorded(name) for name in RECORDED),
+        HUB,
     )
 }
 
@@ -107,7 +146,19 @@ def _not_a_dataset(obj: Any) -> str | None:
 DATASETS = Registry("dataset", "--dataset", lambda: BUILT_IN, _not_a_dataset)
 
 
-def load_dataset(name: str, data_root: str | None) -> RawDataset:
+def dataset_spec(name: str, option: str = "partition.dataset") -> DatasetSpec:
+    """The dataset called `name`: `hf:NAME` (any of the hub's), a built-in or a plugin."""
+    if name.startswith(PREFIX):
+        return dataclasses.replace(HUB, name=name)
+    return DATASETS.get(name, option)
+
+
+def load_dataset(name: str, data_root: str | None, hub: HubColumns | None = None) -> RawDataset:
+    """The dataset's arrays; `hub`: what to read of an `hf:` dataset."""
+    if name.startswith(PREFIX):
+        if name == HUB.name or len(name) == len(PREFIX):
+            _hub(data_root)
+        return load_hub(name[len(PREFIX) :], data_root, hub or HubColumns())
     spec = DATASETS.get(name, "partition.dataset")
     raw = spec.load(data_root)
     if spec.num_classes is not None and raw.num_classes != spec.num_classes:

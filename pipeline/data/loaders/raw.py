@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,11 @@ class RawDataset:
     # A dataset whose concepts are its own labelling rules (the drift streams: SINE, SEA, …):
     # rule k maps stored samples (N, H, W, C) uint8 to their labels under concept `native:k`.
     label_rules: tuple[Callable[[np.ndarray], np.ndarray], ...] = ()
+    # Columns a client can be named by (`partition.partition_by`, natural ids): name → one value
+    # per training sample (FEMNIST's writer_id, Airlines' airline).
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    # The training samples are in time order (a real stream): time steps are cut along it.
+    ordered: bool = False
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
