@@ -10,6 +10,7 @@ At the first round of each time step of a drifting benchmark (every place):
 Only for an oracle option that asks (`wants_true_concepts()`), before each round (every place):
   `true_concepts(names, concepts)`   each client's true concept at the round's step
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
+  `round_clients(round, sampled, participating)`  who trains (default: the loop's sample)
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
   `plan_round(sampled)`              every place: the round's decisions that need no client
@@ -72,6 +73,7 @@ from abc import ABC
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, soft_tasks
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
@@ -127,6 +129,12 @@ class Algorithm(ABC):
         return clusters
 
     @classmethod
+    def adapt_model(cls, model: nn.Module, settings: Settings) -> nn.Module:
+        """The run's model from `--model`'s, built before the algorithm (Floco swaps the final
+        layer for its solution simplex). Default: the model as it is."""
+        return model
+
+    @classmethod
     def label(cls, settings: Settings) -> str:
         """The run's name in a report: the title, with a setting that names a variant."""
         return cls.title
@@ -169,6 +177,12 @@ class Algorithm(ABC):
     @property
     def num_rows(self) -> int:
         return self.num_models
+
+    def round_clients(self, round_: int, sampled: list[int], participating: list[int]):
+        """The clients that train in round `round_` (1, 2, …), from the round loop's sample and
+        all participating clients, on every place: a pure function of them and the state.
+        Default: the sample (Floco takes every client in its projection round)."""
+        return sampled
 
     def participants(self, clients: list[int]) -> None:  # noqa: B027 (a hook)
         """The participating clients (the others are held out and never train), once on every

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
@@ -47,6 +48,14 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
     )
 
 
+def run_model(config: TrainConfig, shape: tuple[int, int, int], classes: int) -> nn.Module:
+    """The run's model: `--model`, as the algorithm adapts it (`Algorithm.adapt_model`)."""
+    model = build_model(shape, classes, config.model, config.model_settings)
+    cls = ALGORITHMS.get(config.algorithm)
+    settings = config.algorithm_settings
+    return cls.adapt_model(model, settings if settings is not None else cls.Settings())
+
+
 def make_executor(
     config: TrainConfig, data: FederatedData, device: torch.device
 ) -> SequentialExecutor:
@@ -61,8 +70,7 @@ def make_executor(
             f"train.executor: {config.algorithm} {cls.local_training}, which only the "
             "sequential executor runs; use auto or sequential"
         )
-    shape = data.manifest.image_shape
-    model = build_model(shape, data.num_classes, config.model, config.model_settings)
+    model = run_model(config, data.manifest.image_shape, data.num_classes)
     sgd = sgd_options(config)
     automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
     batched = config.executor == "batched" or automatic
@@ -76,10 +84,9 @@ def initial_models(
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
     torch.manual_seed(config.seed)
-    shape = data.manifest.image_shape
     flat = []
     for _ in range(rows):
-        model = build_model(shape, data.num_classes, config.model, config.model_settings)
+        model = run_model(config, data.manifest.image_shape, data.num_classes)
         executor.model.load_state_dict(model.state_dict())
         flat.append(executor.flatten())
     return torch.stack(flat)

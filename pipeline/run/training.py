@@ -80,6 +80,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
     config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
+    sampled = algorithm.round_clients(round_, sampled, data.participating)
     sampled = comm.present(sampled)  # a client whose node is away sits the round out
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
