@@ -47,6 +47,7 @@ from pipeline.algorithms.fedprox import FedProx, FedProxStep
 from pipeline.algorithms.fedrc import FedRC, FedRCStep
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
+from pipeline.algorithms.floco import Floco, FlocoRule, SimplexLinear
 from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
 from pipeline.algorithms.ifca import IFCA, IFCAStep
@@ -110,6 +111,8 @@ __all__ = [
     "FedRCStep",
     "FedSoft",
     "FedrcError",
+    "Floco",
+    "FlocoRule",
     "HardClustering",
     "HardStep",
     "HardTrainSettings",
@@ -129,6 +132,7 @@ __all__ = [
     "Settings",
     "SharedBody",
     "SharedBodySettings",
+    "SimplexLinear",
     "Stage",
     "StepLosses",
     "StoCFL",

@@ -46,6 +46,7 @@ CASES = {
     "apfl": {"apfl": {"adaptive": True}},
     "pfedme": {"pfedme": {"personal_lr": 0.02}},
     "fedgwc": {"fedgwc": {"eps": 10.0}},  # step losses summed over ranks; a split in round 2
+    "floco": {"floco": {"endpoints": 3, "tau": 2}},  # every rank's pseudo-gradients projected
 }  # FedRC: test_resume_distributed_run
 
 

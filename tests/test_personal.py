@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_behaviour import THIRDS, train
+from test_behaviour import concept_data, train  # noqa: F401 (a fixture)
 from torch import nn
 
 from pipeline.algorithms import build_algorithm
@@ -21,13 +21,11 @@ from pipeline.algorithms.apfl import APFLRule
 from pipeline.algorithms.pfedme import PFedMeRule
 from pipeline.algorithms.settings import PFedMeSettings
 from pipeline.common.errors import FedrcError
-from pipeline.config import PartitionConfig
 from pipeline.engine import LocalResult, LocalTask, SequentialExecutor
 from pipeline.engine.rules import StepLosses
 from pipeline.engine.sequential import as_input
 from pipeline.run.files import METRICS, MODEL, load_state, read_metrics
 from pipeline.run.resolve import make_config
-from pipeline.stages import partition_stage
 
 C, D, N = 3, 6, 12  # classes, inputs, samples
 
@@ -188,27 +186,19 @@ def test_persistent_momentum_is_refused(algorithm: str) -> None:
 # so one model cannot fit every client, and a model per client can.
 
 
-@pytest.fixture(scope="module")
-def concepts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("concepts") / "data"
-    values = dict(dataset="synthetic", clients=12, samples_per_client=100, shifts=["concept"])
-    shares = dict(client_mix="custom", client_shares=THIRDS, holdout_samples=300)
-    partition_stage(PartitionConfig(**values, **shares, out=str(out)))
-    return out
-
-
 def final(run: Path) -> dict:
     return read_metrics(run / METRICS)[-1]
 
 
 @pytest.mark.slow  # 2–3 minutes on the 2-core CPU
 def test_apfl_trains_fedavgs_global_model_and_a_mixture_that_fits_each_client(
-    concepts: Path, tmp_path: Path
+    concept_data: Path,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
 ) -> None:
     """APFL's global model is FedAvg's, step for step (its w trains on its own loss, as
     FedAvg's model does); its personal mixtures fit each client's concept, which FedAvg's one
     model cannot."""
-    runs = {a: train(concepts, tmp_path / a, rounds=5, algorithm=a) for a in ("fedavg", "apfl")}
+    runs = {a: train(concept_data, tmp_path / a, rounds=5, algorithm=a) for a in ("fedavg", "apfl")}
     rows = {a: read_metrics(run / METRICS) for a, run in runs.items()}
     for avg, mixed in zip(rows["fedavg"], rows["apfl"]):
         assert mixed["train_loss"] == pytest.approx(avg["train_loss"], rel=1e-5)
@@ -221,12 +211,13 @@ def test_apfl_trains_fedavgs_global_model_and_a_mixture_that_fits_each_client(
 
 @pytest.mark.slow  # 2 minutes on the 2-core CPU
 def test_pfedme_personal_models_fit_each_client_where_fedprox_does_not(
-    concepts: Path, tmp_path: Path
+    concept_data: Path,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
 ) -> None:
     """pFedMe and FedProx both pull towards a global model; only pFedMe keeps the personal
     model θ_i that the pull is about, and it fits its client's concept."""
-    fedprox = final(train(concepts, tmp_path / "fedprox", rounds=4, algorithm="fedprox"))
+    fedprox = final(train(concept_data, tmp_path / "fedprox", rounds=4, algorithm="fedprox"))
     values = dict(personal_lr=0.05, local_lr=0.05)  # a faster global model than the authors'
-    pfedme = final(train(concepts, tmp_path / "pfedme", rounds=4, algorithm="pfedme", **values))
+    pfedme = final(train(concept_data, tmp_path / "pfedme", rounds=4, algorithm="pfedme", **values))
     assert pfedme["local_accuracy"] >= 0.85
     assert pfedme["local_accuracy"] > fedprox["local_accuracy"] + 0.3

@@ -127,6 +127,14 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FedGWCSettings,
             "fedgwc:FedGWC",
         ),
+        # regions of a shared solution simplex (NeurIPS 2024)
+        AlgorithmCard(
+            "floco",
+            "Floco",
+            "Grinwald, Wiesner & Nakajima, NeurIPS 2024",
+            own.FlocoSettings,
+            "floco:Floco",
+        ),
     )
 }
 

@@ -350,3 +350,21 @@ class FedGWCSettings(Settings):
         require(positive(self.eps), "eps", "a number > 0", self.eps)
         size = self.loss_sampling_size
         require(size >= 0, "loss_sampling_size", "an integer >= 0", size)
+
+
+# --- Floco -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlocoSettings(Settings):
+    """The Flower baseline's CIFAR-10 setting (M 10, τ 250, ρ 0.3; the authors' FL-bench
+    configs: M 10 or 20, τ 250, ρ 0.01 to 0.5)."""
+
+    endpoints: int = setting(10, "M, the endpoints of the solution simplex (1: FedAvg)")
+    tau: int = setting(250, "τ: the round in which every client trains and is projected")
+    rho: float = setting(0.3, "ρ, the radius of a client's region around its projection")
+
+    def validate(self) -> None:
+        require(self.endpoints >= 1, "endpoints", "an integer >= 1", self.endpoints)
+        require(self.tau >= 1, "tau", "an integer >= 1", self.tau)
+        require(self.rho >= 0, "rho", "a number >= 0", self.rho)

@@ -310,6 +310,16 @@ def test_step_losses_are_refused_in_one_line(tiny_data: Path, tmp_path: Path) ->
     assert not (tmp_path / "run").exists()
 
 
+def test_simplex_draws_are_refused_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    """Floco's clients draw a point of the solution simplex for each batch (a rule), which
+    the train message does not carry."""
+    config = flower_config(tiny_data, "floco", tmp_path / "run")
+    reason = r"draws a point of its solution simplex for each batch \(LocalTask\.rule\)"
+    with pytest.raises(FedrcError, match=rf"^train\.algorithm: floco {reason}[^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("algorithm", ["apfl", "pfedme"])
 def test_a_personal_rule_is_refused_in_one_line(
     algorithm: str, tiny_data: Path, tmp_path: Path
