@@ -72,7 +72,7 @@ def flower(args, data: Path, tmp: Path, algorithm: str, deployment: LocalDeploym
         sys.exit(f"flower {algorithm}: {done.details or 'run failed'}\n{done.output[-3000:]}")
     seconds = [r["seconds"] for r in read_metrics(out / METRICS)]
     return [
-        {"seconds": s, "bytes": r["bytes_sent"] + r["bytes_received"]}
+        {"seconds": s, "bytes": r["flower_bytes_sent"] + r["flower_bytes_received"]}
         for s, r in zip(seconds, logged)
     ]
 

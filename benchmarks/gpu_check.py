@@ -63,12 +63,15 @@ class Sizes:
             precision = ["--batch-sizes", "8", "--batches", "1", "--samples", "16", "--repeats",
                          "1", "--round-clients", "2", "--round-samples", "8"]  # fmt: skip
             conv = ["--clients", "2", "--samples", "16", "--batch-size", "8", "--repeats", "1"]
+            together = ["--rounds", "1", "--seeds", "0", "1", "--together", "2"]
         else:
             fmnist = ["--clients", "300", "--samples", "180", "--rounds", "3", "--warmup", "1"]
             cifar = ["--clients", "300", "--samples", "150", "--rounds", "1", "--warmup", "1"]
             scale = ["--rounds", "2", "--warmup", "1"]
             precision = ["--round-rounds", "3", "--round-warmup", "1"]
             conv = []  # its defaults: 300 clients × K = 3, 180 samples, batch 128
+            together = ["--rounds", "3", "--seeds", "0", "1", "--lrs", "0.03", "0.1",
+                        "--together", "4"]  # fmt: skip
         pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
         profile = [py, "benchmarks/gpu_profile.py", "--device", self.device, "--data", str(data)]
         if self.dry:
@@ -79,6 +82,9 @@ class Sizes:
              "(gpu_profile.py)"),
             ("conv-paths", [py, "benchmarks/conv_paths.py", "--device", self.device, *conv],
              "speed.md", "FMNIST CNN, the batched executor's convolution paths (conv_paths.py)"),
+            ("together", [py, "benchmarks/together.py", "--device", self.device, "--data",
+             str(data), *together], "speed.md", "a grid one by one and together "
+             "(together.py)"),
             ("speed-fmnist", [*speed, "--dataset", "fmnist", "--model", "cnn", "--models", "3",
              *fmnist], "speed.md", "FMNIST CNN, FedRC, K = 3 (speed.py)"),
             ("speed-cifar10", [*speed, "--dataset", "cifar10", "--model", "mobilenet_v2",

@@ -8,12 +8,14 @@ from typing import Annotated
 import typer
 
 from fedrc_cli.check import check
+from fedrc_cli.common import give_back_outputs
 from fedrc_cli.evaluate import evaluate
 from fedrc_cli.flower import flower
 from fedrc_cli.info import info
 from fedrc_cli.partition import partition
 from fedrc_cli.plot import plot
 from fedrc_cli.report import report
+from fedrc_cli.sweep import sweep
 from fedrc_cli.train import train
 
 app = typer.Typer(
@@ -49,9 +51,16 @@ app.command("eval", no_args_is_help=False)(evaluate)
 app.command(no_args_is_help=False)(plot)
 app.command(no_args_is_help=False)(info)
 app.command(no_args_is_help=False)(check)
+app.command(no_args_is_help=False)(sweep)
 app.command(no_args_is_help=True)(report)
 app.add_typer(flower)
 
 
 def main() -> None:
-    app()
+    """The console script: a command that fails as a DVC stage gives back what DVC removed."""
+    try:
+        app()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            give_back_outputs()
+        raise

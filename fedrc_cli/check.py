@@ -23,25 +23,40 @@ def check(
         typer.Option(
             "--out",
             help="Folder for each stage's resolved configuration (partition.json, train.json, "
-            "eval.json, plot.json), written only when every section is valid.",
+            "eval.json, plot.json, and sweep.json for a sweep section) with the digests of the "
+            "code each runs, written only when every section is valid.",
             file_okay=False,
         ),
     ] = None,
     params: ParamsOption = None,
 ) -> None:
-    """Check params.yaml's partition, train, eval and plot sections as their commands would,
-    and that the folders they write can be written."""
-    from pipeline.stages import CHECKED, check_stage, write_resolved  # torch: options read first
+    """Check params.yaml's partition, train, eval, plot (and sweep) sections as their commands
+    would, and that the folders they write can be written."""
+    from pipeline.stages import (
+        check_feasible,
+        check_stage,
+        write_resolved,
+    )  # torch: options read first
+    from pipeline.sweep import resolved_points
+    from pipeline.sweep.grid import SECTION, read_grid
 
     with user_errors(), writing("--out", *([out] if out is not None else [])):
-        resolved = check_stage(read_params(params))
+        values = read_params(params)
+        folder, points = read_grid(values, [], None) if SECTION in values else (None, [])
+        resolved = check_stage(values)
         for key, (section, field) in OUTPUTS.items():
             writable_output(key, resolved[section][field])
+        if folder is not None:
+            writable_output(f"{SECTION}.out", folder)
+            resolved[SECTION] = {"out": str(folder), "points": resolved_points(points)}
+        check_feasible(values, tuple(p.config for p in points))
         if out is not None:
             write_resolved(resolved, out)
     train = resolved["train"]
+    grid = f", {counted(len(points), 'run')} → {folder}" if folder is not None else ""
     console.print(
-        f"{params or 'params.yaml'}: {', '.join(CHECKED)} are valid "
-        f"(train: {train['algorithm']}, {counted(train['rounds'], 'round')} → {train['out']})"
-        + (f"; wrote {out}/" if out is not None else "")
+        f"{params or 'params.yaml'}: {', '.join(resolved)} are valid "
+        f"(train: {train['algorithm']}, {counted(train['rounds'], 'round')} → {train['out']}"
+        f"{grid})" + (f"; wrote {out}/" if out is not None else ""),
+        soft_wrap=True,
     )

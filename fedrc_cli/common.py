@@ -347,5 +347,30 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
+def give_back_outputs() -> None:
+    """Under `dvc repro` or `dvc exp run`, put back the stage's outputs that DVC removed before
+    this failed command ran (`pipeline.common.dvc_stage`), and say so on one line."""
+    from pipeline.common.dvc_stage import restore_removed_outputs, stage_root
+
+    if stage_root() is None:
+        return
+    try:
+        restored = restore_removed_outputs()
+    except Exception as e:  # DVC's errors: a cache without the files (a clone not pulled)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        warning_line(
+            f"DVC removed this stage's outputs before it ran, and they could not be checked "
+            f"out again ({first}); `dvc checkout {os.environ.get('DVC_STAGE', '')}` may"
+        )
+        return
+    if restored:
+        error_console.print(
+            f"DVC's last outputs of this stage are back, as dvc.lock records them: "
+            f"{', '.join(restored)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def is_terminal() -> bool:
     return console.is_terminal and sys.stdout.isatty()

@@ -1,4 +1,5 @@
-"""`fedrc eval`: local and global accuracy, per concept, and concept purity of a run."""
+"""`fedrc eval`: local and global accuracy, per concept, how the clusters match the concepts,
+and the spread over clients of a run."""
 
 from __future__ import annotations
 
@@ -73,9 +74,19 @@ def print_purity_and_steps(result: dict[str, Any]) -> None:
     if "unlabeled_rule" in result:
         console.print(f"new clients without labels: {result['unlabeled_rule']}")
     purity = result["concept_purity"]
-    console.print(f"concept purity: {'n/a (one model)' if purity is None else f'{purity:.3f}'}")
+    if purity is None:
+        console.print("clusters against concepts: n/a (one model)")
+    else:
+        console.print(
+            f"clusters against concepts: matched share (concept purity) {purity:.3f}, "
+            f"ARI {result['concept_ari']:.3f}, NMI {result['concept_nmi']:.3f}"
+        )
     labels = result["label_purity"]
     console.print(f"label purity: {'n/a (one model)' if labels is None else f'{labels:.3f}'}")
+    console.print(
+        f"participating clients, last round: std {result['final_local_accuracy_std']:.3f}, "
+        f"worst 10 % {result['final_local_accuracy_worst10']:.3f}"
+    )
     if "over_time" in result:
         console.print(step_table(result["over_time"]))
 
@@ -86,7 +97,7 @@ def _shown(value: float | None, digits: int = 3) -> str:
 
 def step_table(over: dict[str, Any]) -> Table:
     """A drifting run step by step: accuracy at the step's end and on the next step's data,
-    the drifted clients before and after their drift, rounds to recover, purity."""
+    the drifted clients before and after their drift, rounds to recover, purity and ARI."""
     table = Table(
         title=f"over {over['time_steps']} time steps ({over['rounds_per_step']} rounds a step)",
         caption="next: on the next step's data, before training on it; before / after: the "
@@ -96,6 +107,7 @@ def step_table(over: dict[str, Any]) -> Table:
     for name in ("step", "rounds", "local", "next", "drifted", "before", "after", "recover"):
         table.add_column(name, justify="right")
     table.add_column("purity", justify="right")
+    table.add_column("ARI", justify="right")
     for s in over["steps"]:
         recover = s.get("recovery_rounds")
         drifted = bool(s["drifted_clients"])
@@ -109,6 +121,7 @@ def step_table(over: dict[str, Any]) -> Table:
             _shown(s.get("accuracy_after_drift")),
             ("no" if recover is None else str(recover)) if drifted else "–",
             _shown(s["concept_purity"]),
+            _shown(s.get("concept_ari")),
         )
     table.add_row(
         "mean",
@@ -120,6 +133,7 @@ def step_table(over: dict[str, Any]) -> Table:
         _shown(over["mean_accuracy_after_drift"]),
         _shown(over["mean_recovery_rounds"], 1),
         _shown(over["mean_concept_purity"]),
+        _shown(over.get("mean_concept_ari")),
     )
     return table
 

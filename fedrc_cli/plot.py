@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from fedrc_cli.common import ParamsOption, console, load_config, user_errors, writing
-from fedrc_cli.options import dataclass_options, with_options
+from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.config import PlotConfig
 
 
 def plot(params: ParamsOption = None, **options: Any) -> None:
-    """Draw the paper's Figure 3 style cluster map, accuracy curves and ω per client."""
+    """Draw the paper's Figure 3 style cluster map, accuracy curves and ω per client (a
+    drifting run: per time step, and its timeline), as PNG, PDF or SVG."""
     with user_errors():
-        config = load_config(PlotConfig, params, **options)
+        config = load_config(PlotConfig, params, **comma_lists(PlotConfig, options))
         from pipeline import stages  # torch: imported once the options are known to be good
 
         run = Path(config.run)

@@ -124,11 +124,19 @@ def describe(row: dict[str, Any]) -> str:
 
 def stopped_message(error: BaseException, config: TrainConfig, completed: int | None) -> str:
     """Where an interrupted run stopped, what its checkpoint holds, and how to go on."""
+    from pipeline.common.dvc_stage import stage_root
     from pipeline.run.files import checkpoint_round
+    from pipeline.run.staged import staged_checkpoint
     from pipeline.stages import run_config
 
     name = "interrupted" if isinstance(error, KeyboardInterrupt) else "terminated (SIGTERM)"
     where = f"after round {completed}" if completed else "before the first round ended"
+    root = stage_root()
+    if root is not None:  # trained in its staging folder (`pipeline.run.staged`)
+        saved = staged_checkpoint(root, config.out)
+        if saved is None:
+            return f"{name} {where}; no checkpoint yet: the next `dvc repro` starts it over"
+        return f"{name} {where}; last checkpoint: round {saved}; the next `dvc repro` resumes it"
     saved = checkpoint_round(Path(config.out))
     if saved is None:
         return f"{name} {where}; no checkpoint yet: run the same command again to start it over"

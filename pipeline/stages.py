@@ -14,9 +14,11 @@ import torch
 from pipeline.algorithms import ALGORITHMS, build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
+from pipeline.common.dvc_stage import stage_root
 from pipeline.common.errors import FedrcError, first_few
 from pipeline.common.io import atomic_files, remove_leftovers
 from pipeline.common.run_lock import writer_lock
+from pipeline.common.sources import module_digest
 from pipeline.config import (
     EvalConfig,
     PartitionConfig,
@@ -25,8 +27,8 @@ from pipeline.config import (
     build_config,
     config_dict,
 )
-from pipeline.data.benchmark import foreign_files, write_benchmark
-from pipeline.data.loaders import load_dataset
+from pipeline.data.benchmark import build_clients, foreign_files, write_benchmark
+from pipeline.data.loaders import DATASETS, PREFIX, dataset_spec, load_dataset
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.evaluation.accuracy import (
@@ -39,11 +41,17 @@ from pipeline.evaluation.accuracy import (
     summarize,
     unlabeled_omega,
 )
+from pipeline.evaluation.agreement import cluster_agreement
 from pipeline.evaluation.drift_scores import over_time
+from pipeline.evaluation.spread import client_spread
 from pipeline.models.layout import head_range
+from pipeline.places import distributed
 from pipeline.run import files as rf
+from pipeline.run.code import run_code
 from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
 from pipeline.run.resolve import from_values, recorded_identity, train_config
+from pipeline.run.setup import check_fits
+from pipeline.run.staged import train_staged
 from pipeline.run.training import make_executor, resolve_device, run_training
 
 __all__ = [
@@ -59,23 +67,90 @@ CHECKED = ("partition", "train", "eval", "plot")
 
 
 def check_stage(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each stage's configuration as its command would build it from `params` (no options).
+    """Each stage's configuration as its command would build it from `params` (no options),
+    with the digests of the code it runs (`pipeline.run.code`).
 
     A DVC pipeline runs this first: a bad key or value stops it here, before DVC removes the
-    outputs of the stage it would rerun."""
+    outputs of the stage it would rerun; a plugin edited since changes the resolved file its
+    stage depends on. `check_feasible` then checks what only the data can tell."""
+    partition = build_config(PartitionConfig, params)
+    train = train_config(params)
     return {
-        "partition": config_dict(build_config(PartitionConfig, params)),
-        "train": config_dict(train_config(params)),
+        "partition": {**config_dict(partition), "code": dataset_code(partition.dataset)},
+        "train": {**config_dict(train), "code": run_code(train)},
         "eval": config_dict(build_config(EvalConfig, params)),
         "plot": config_dict(build_config(PlotConfig, params)),
     }
 
 
+def check_feasible(params: dict[str, Any], runs: tuple[TrainConfig, ...] = ()) -> None:
+    """What the check can know before any stage runs beyond the values: that partition's
+    settings can be split as asked (unless its benchmark is built already), and that the K
+    models of the train section's run, and of `runs` (a sweep's points), fit in memory."""
+    partition = build_config(PartitionConfig, params)
+    train = train_config(params)
+    benchmark = check_benchmark_settings(partition, Path(train.data))
+    for config in (train, *runs):  # a sweep over `data` may name benchmarks made elsewhere
+        same = os.path.abspath(config.data) == os.path.abspath(train.data)
+        check_fits(config, *(benchmark if same else _built_shape(Path(config.data))))
+
+
+def dataset_code(dataset: str) -> dict[str, str]:
+    """The digest of a dataset plugin's package ({} for a built-in, whose code the stage's
+    deps list, and for a Hugging Face dataset, which is data)."""
+    dataset_spec(dataset)  # an unknown name, or a plugin that fails to import
+    module = None if dataset.startswith(PREFIX) else DATASETS.module(dataset)
+    return dict([module_digest(module)]) if module is not None else {}
+
+
+def check_benchmark_settings(
+    partition: PartitionConfig, data: Path
+) -> tuple[tuple[int, int, int], int]:
+    """Check that the partition section can be built, as `fedrc partition` would before
+    writing (every split and draw; the dataset is loaded), unless `partition.out` already holds
+    the benchmark of these settings. Returns the image shape and classes of the benchmark
+    train.data names."""
+    out = Path(partition.out)
+    built = _built_with(out, partition)
+    if built is None:
+        raw = load_dataset(partition.dataset, partition.data_root, partition.hub)
+        build_clients(partition, raw)  # draws only; images are gathered when iterated
+        if os.path.abspath(data) == os.path.abspath(out):
+            return raw.image_shape, raw.num_classes
+    elif os.path.abspath(data) == os.path.abspath(out):
+        return built.image_shape, built.num_classes
+    return _built_shape(data)
+
+
+def _built_shape(data: Path) -> tuple[tuple[int, int, int], int]:
+    """The image shape and classes of the benchmark in `data`, which partition.out is not: it
+    must be there already."""
+    if not (data / MANIFEST).is_file():
+        raise FedrcError(
+            f"train.data: {data} holds no benchmark, and partition.out is another folder; "
+            "point train.data at partition.out or at a benchmark `fedrc partition` wrote"
+        )
+    manifest = read_manifest(data, "train.data")
+    return manifest.image_shape, manifest.num_classes
+
+
+def _built_with(out: Path, partition: PartitionConfig) -> Manifest | None:
+    """The manifest in `out` when it records exactly these partition settings."""
+    if not (out / MANIFEST).is_file():
+        return None
+    try:
+        manifest = read_manifest(out, "partition.out")
+    except FedrcError:
+        return None  # partition replaces it (or says what is wrong)
+    wanted = {k: v for k, v in config_dict(partition).items() if k != "out"}
+    return manifest if json.loads(json.dumps(wanted)) == manifest.config else None
+
+
 def write_resolved(resolved: dict[str, dict[str, Any]], out: Path) -> None:
     """`out/<stage>.json` for each checked stage (all files or none): a stage depends on its
     own file, so it runs after the check and only when its own section's values change."""
-    with atomic_files(*(out / f"{name}.json" for name in CHECKED)) as tmps:
-        for tmp, name in zip(tmps, CHECKED):
+    with atomic_files(*(out / f"{name}.json" for name in resolved)) as tmps:
+        for tmp, name in zip(tmps, resolved):
             tmp.write_text(json.dumps(resolved[name], indent=2, sort_keys=True) + "\n")
 
 
@@ -113,7 +188,13 @@ def check_partition_out(out: Path, overwrite: bool) -> None:
 
 
 def train_stage(config: TrainConfig, **kwargs: Any) -> Path:
-    return run_training(config, **kwargs)
+    """Train in --out; as a DVC stage (one process, not --resume), in a staging folder that
+    DVC does not delete, so that a stopped `dvc repro` resumes (`pipeline.run.staged`)."""
+    root = stage_root()
+    if root is None or kwargs.get("resume") or distributed.launched():
+        return run_training(config, **kwargs)
+    kwargs.pop("resume", None)
+    return train_staged(config, root, **kwargs)
 
 
 def run_config(run: Path, option: str = "--run") -> TrainConfig:
@@ -198,6 +279,8 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "max_global_round": top["round"],
         "concept_purity": concept_purity(omega[part], concepts[part], sizes[part]),
         "label_purity": label_purity(omega[part], histograms[part]),
+        **cluster_agreement(omega[part], concepts[part]),
+        **client_spread(table[:, 1].numpy()[part].tolist(), "final_local_accuracy"),
         "made_from": made_from(model, final["round"], data_hash),
     }
     if data.time_steps > 1:
@@ -354,6 +437,7 @@ def plot_stage(config: PlotConfig) -> list[Path]:
 
 def _plot(config: PlotConfig) -> list[Path]:
     from pipeline.outputs.plots import draw_all  # matplotlib is imported only when plotting
+    from pipeline.outputs.style import FigureStyle
 
     run = Path(config.run)
     train_config = run_config(run)
@@ -367,4 +451,5 @@ def _plot(config: PlotConfig) -> list[Path]:
     name = label if same else f"{label} ({folder})"
     last = max((r["round"] for r in metrics), default=0)
     sources = made_from(model_digest(run), last, digest)
-    return draw_all(run / PLOTS, metrics, assignments, manifest, name, config.dpi, sources)
+    style = FigureStyle(tuple(config.format), font_size=config.font_size, dpi=config.dpi)
+    return draw_all(run / PLOTS, metrics, assignments, manifest, name, style, sources)

@@ -89,7 +89,7 @@ def test_train_help_and_the_docs_give_one_rule_and_the_sections() -> None:
 def test_top_level_help_lists_commands() -> None:
     result = invoke("--help")
     assert result.exit_code == 0
-    assert all(c in result.output for c in ("partition", "train", "eval", "plot", "info"))
+    assert all(c in result.output for c in ("partition", "train", "eval", "plot", "info", "sweep"))
 
 
 def test_info_describes_a_benchmark_as_tables_and_json() -> None:

@@ -60,6 +60,7 @@ def test_the_app_and_the_configuration_import_no_torch() -> None:
         ["partition", "--help"],
         ["flower", "app", "--help"],
         ["check", "--help"],
+        ["sweep", "--help"],
     ],
 )
 def test_help_and_version_import_no_torch(args: list[str], tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pipeline.data.concepts import parse_concepts
 from pipeline.data.drift import PRESETS, build_schedule, preset_schedule
 from pipeline.data.shards import load_federated
 from pipeline.data.time_steps import ends_step, step_of, step_rounds
+from pipeline.evaluation.agreement import adjusted_rand_index, normalized_mutual_info
 from pipeline.evaluation.drift_scores import omega_at, over_time, recovery
 from pipeline.run import files as rf
 from pipeline.run.resolve import make_config
@@ -200,6 +201,18 @@ def test_eval_scores_each_step(fedrc_run: Path) -> None:
     assert over["mean_next_accuracy"] == pytest.approx(
         np.mean([over["steps"][0]["next_accuracy"], over["steps"][1]["next_accuracy"]])
     )
+    # ARI and NMI of each step's arg-max-ω clusters against the step's concepts
+    assignments = rf.read_assignments(fedrc_run / rf.ASSIGNMENTS)
+    part = np.arange(12)  # DRIFTING's participating clients; the held-out ones follow
+    for step in over["steps"]:
+        omega, concepts = omega_at(assignments, step["rounds"][1])
+        found = omega[part].argmax(1)
+        assert step["concept_ari"] == pytest.approx(adjusted_rand_index(concepts[part], found))
+        assert step["concept_nmi"] == pytest.approx(normalized_mutual_info(concepts[part], found))
+    assert over["mean_concept_ari"] == pytest.approx(
+        np.mean([s["concept_ari"] for s in over["steps"]])
+    )
+    assert over["steps"][-1]["concept_ari"] > 0.5  # settled clusters follow the concepts
 
 
 def test_report_has_the_over_time_table(fedrc_run: Path, tmp_path: Path) -> None:
@@ -207,11 +220,13 @@ def test_report_has_the_over_time_table(fedrc_run: Path, tmp_path: Path) -> None
     from pipeline.outputs.report import build_report
 
     eval_stage(EvalConfig(run=str(fedrc_run)))
-    rows, caveat = build_report([str(fedrc_run)], tmp_path / "report")
+    rows, caveat, names = build_report([str(fedrc_run)], tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Over time (3 steps)" in text and "| 0 → 1 | 1 → 2 |" in text
     assert rows[0]["steps_next_mean"] is not None and rows[0]["recovery_mean"] >= 1
-    assert caveat is not None  # the paper's static Table 1 is for orientation only
+    assert rows[0]["steps_ari_mean"] is not None
+    assert "3 time steps (drift), not 1" in caveat  # the paper's static Table 1 is not shown
+    assert "next_step.png" in names  # next-step accuracy over the steps, with seed bands
 
 
 def test_plot_draws_the_timeline(fedrc_run: Path) -> None:
@@ -220,6 +235,38 @@ def test_plot_draws_the_timeline(fedrc_run: Path) -> None:
     written = plot_stage(PlotConfig(run=str(fedrc_run), dpi=40))
     assert [p.name for p in written][-1] == "timeline.png"
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_a_drifting_runs_maps_and_omega_have_a_panel_per_step(
+    fedrc_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cluster_map and omega draw every step at its last evaluated round, with the concepts
+    held at that step (no empty rows); the clusters keep one order and the timeline's colours
+    in every panel, and the timeline's rows carry client ids."""
+    from pipeline.config import PlotConfig
+    from pipeline.outputs.style import FigureStyle
+
+    saved = {}
+    monkeypatch.setattr(FigureStyle, "save", lambda self, fig, paths: saved.update(
+        {paths[0].name: fig}
+    ))  # fmt: skip
+    plot_stage(PlotConfig(run=str(fedrc_run), dpi=40))
+    maps = [ax for ax in saved["cluster_map.png"].axes if ax.get_title().startswith("step")]
+    assert [ax.get_title() for ax in maps] == [
+        "step 0 (round 5)", "step 1 (round 10)", "step 2 (round 15)"
+    ]  # fmt: skip
+    for ax in maps:
+        rows = [t.get_text() for t in ax.get_yticklabels()]
+        assert rows and all("(n=0)" not in r for r in rows), rows
+    ticks = [[t.get_text() for t in ax.get_xticklabels()] for ax in maps]
+    colours = [[t.get_color() for t in ax.get_xticklabels()] for ax in maps]
+    assert ticks[0] == ticks[1] == ticks[2] and sorted(ticks[0]) == ["0", "1"]
+    assert colours[0] == colours[1] == colours[2]
+    omega = [ax for ax in saved["omega.png"].axes if ax.get_title().startswith("step")]
+    assert len(omega) == 3
+    left = saved["timeline.png"].axes[0]
+    ids = [t.get_text() for t in left.get_yticklabels()]
+    assert sorted(map(int, ids)) == list(range(12))  # every participating client's id
 
 
 def test_recovery_counts_rounds_into_the_step() -> None:
@@ -371,6 +418,9 @@ def test_over_time_on_a_hand_made_log() -> None:
     assert second["accuracy_before_drift"] == 0.9 and second["accuracy_after_drift"] == 0.4
     assert second["recovery_rounds"] == 2 and second["drifted_clients"] == 1
     assert second["concept_purity"] == 1.0  # both clients in cluster 1, both of concept 1
+    assert first["concept_ari"] == 1.0 and first["concept_nmi"] == pytest.approx(1.0)
+    # every client holds concept 1 at step 1: one cluster for them is perfect
+    assert second["concept_ari"] == 1.0 and second["concept_nmi"] == 1.0
     assert over["mean_local_accuracy"] == pytest.approx(0.825)
 
 
@@ -382,6 +432,6 @@ def test_the_drift_experiment_is_valid() -> None:
     params = read_params(Path(__file__).resolve().parents[1] / "experiments/drift/params.yaml")
     partition = build_config(PartitionConfig, params)
     assert partition.steps == 4 and partition.drift == "fedccfa-recurrent"
-    for algorithm in params["algorithms"]:
+    for algorithm in params["sweep"]["grid"]["algorithm"]:
         config = train_config(params, {"algorithm": algorithm}).over_steps(partition.steps)
         assert config.rounds_per_step * partition.steps == config.rounds

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,7 @@ def test_a_params_typo_leaves_the_last_run_intact(scratch: Path) -> None:
     output, and the trained run stays as it was, file for file."""
     before = run_files(scratch / RUN)
     assert {"model.pt", "checkpoint.pt", "metrics.jsonl", "config.json", "eval.json"} <= set(before)
+    resolved = run_files(scratch / "resolved")
     params = (scratch / "params.yaml").read_text()
     (scratch / "params.yaml").write_text(params.replace("rounds: 2", "rouns: 3"))
     try:
@@ -113,6 +115,7 @@ def test_a_params_typo_leaves_the_last_run_intact(scratch: Path) -> None:
         assert result.returncode != 0 and "Error: train.rouns: unknown key" in output, output
         assert "Running stage 'train'" not in output
         assert run_files(scratch / RUN) == before
+        assert run_files(scratch / "resolved") == resolved  # the check's files, as they were
     finally:
         (scratch / "params.yaml").write_text(params)
     again = run(scratch, "dvc", "repro")
@@ -200,3 +203,141 @@ def test_dvc_repro_metrics_plots_and_an_experiment(scratch: Path) -> None:
         for column in ("train", "local", "global", "best_global", "selected_global"):
             assert 0 <= float(row[column]) <= 1, (algorithm, column, row[column])
     assert float(named["fedrc"]["selected_global"]) == live["selected_global"]
+
+
+def set_params(where: Path, **train: object) -> None:
+    """params.yaml: the tiny params with `train` values changed (and committed, so that `dvc
+    exp run` starts from it)."""
+    text = TINY_PARAMS.lstrip()
+    for key, value in train.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"  {key}:"))
+        text = text.replace(line, f"  {key}: {value}")
+    (where / "params.yaml").write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [  # only running can show the first; the check stage stops the others before any stage
+        ({"lr": 80}, "Error: round 1: evaluation: non-finite logits"),
+        ({"clusters": 200000000}, "Error: --clusters: K = 200000000: the models"),
+        ({"data": "data/elsewhere"}, "Error: train.data: data/elsewhere holds no benchmark"),
+    ],
+)
+def test_a_stage_that_fails_keeps_the_last_good_run(scratch: Path, change, line) -> None:
+    """A value that passes `fedrc check` and fails while training (lr 80 diverges) costs
+    nothing: the outputs DVC removed before the stage ran are checked out again from its cache
+    (run cache and `dvc exp` untouched); what can be known before running stops the check."""
+    set_params(scratch)
+    assert run(scratch, "dvc", "repro").returncode == 0
+    before, data = run_files(scratch / RUN), run_files(scratch / "data/federated")
+    set_params(scratch, **change)
+    try:
+        result = run(scratch, "dvc", "repro")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0 and line in output, output
+        assert "Traceback" not in output
+        assert run_files(scratch / RUN) == before
+        assert run_files(scratch / "data/federated") == data
+        if "lr" not in change:
+            assert "Running stage 'train'" not in output
+    finally:
+        set_params(scratch)
+    assert "Running stage 'train'" not in run(scratch, "dvc", "repro").stdout
+
+
+def test_a_partition_no_split_satisfies_stops_the_check(scratch: Path) -> None:
+    set_params(scratch)
+    assert run(scratch, "dvc", "repro").returncode == 0
+    data = run_files(scratch / "data/federated")
+    params = (scratch / "params.yaml").read_text()
+    too_many = params.replace("samples_per_client: 40", "samples_per_client: 4000")
+    (scratch / "params.yaml").write_text(too_many)
+    try:
+        result = run(scratch, "dvc", "repro")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0 and "Error: --clients: 10 clients × 4000 samples" in output
+        assert "Running stage 'partition'" not in output
+        assert run_files(scratch / "data/federated") == data
+        assert (scratch / "resolved" / "partition.json").is_file()  # the check's, as it was
+    finally:
+        set_params(scratch)
+
+
+def test_an_interrupted_dvc_repro_resumes_from_its_checkpoint(scratch: Path) -> None:
+    """SIGTERM during training: the last good run is back in runs/pipeline; the next `dvc
+    repro` goes on from the checkpoint the stopped run left in .fedrc/runs/, not from round 1,
+    and its numbers are those of a run never stopped."""
+    set_params(scratch)
+    assert run(scratch, "dvc", "repro").returncode == 0
+    before = run_files(scratch / RUN)
+    set_params(scratch, rounds=10)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(scratch), "DVC_NO_ANALYTICS": "1"}  # fmt: skip
+    process = subprocess.Popen(
+        ["dvc", "repro"], cwd=scratch, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("round 3/10"):
+            break
+    os.killpg(process.pid, signal.SIGTERM)
+    output = "".join(seen) + process.stdout.read()
+    process.wait(timeout=120)
+    assert "the next `dvc repro` resumes it" in output, output
+    assert run_files(scratch / RUN) == before  # the last good run, as dvc.lock records it
+    again = run(scratch, "dvc", "repro")
+    assert again.returncode == 0, again.stdout + again.stderr
+    rounds = [x for x in again.stdout.splitlines() if x.startswith("round ")]
+    assert rounds and not rounds[0].startswith("round 1/") and rounds[-1].startswith("round 10/")
+    resumed = [json.loads(x) for x in (scratch / RUN / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in resumed] == list(range(1, 11))
+    assert not list((scratch / ".fedrc" / "runs").glob("*"))  # moved into --out when done
+    alone = run(scratch, "fedrc", "train", "--out", "runs/alone")
+    assert alone.returncode == 0, alone.stderr
+    whole = (scratch / "runs/alone/metrics.jsonl").read_text().splitlines()
+    no_time = [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in whole]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in resumed] == no_time
+    shutil.rmtree(scratch / "runs/alone")
+    set_params(scratch)
+
+
+PLUGIN = """
+from dataclasses import dataclass
+
+from pipeline.algorithms.fedavg import FedAvg
+from pipeline.plugin import Settings, setting
+
+
+@dataclass(frozen=True)
+class BetaSettings(Settings):
+    beta: float = setting(0.9, "server momentum")
+
+
+class FedAvgM(FedAvg):
+    Settings = BetaSettings
+"""
+
+
+def test_an_edited_plugin_reruns_its_stage_under_dvc_exp_run(scratch: Path) -> None:
+    """The tester's case: a plugin in the repository's root as train.algorithm; its default
+    edited, the same `dvc exp run` trains again (it used to say "didn't change, skipping")."""
+    set_params(scratch)
+    (scratch / "fedavgm.py").write_text(PLUGIN)
+    assert run(scratch, "git", "add", "-A").returncode == 0
+    assert run(scratch, "git", "commit", "-qm", "a plugin").returncode == 0
+    try:
+        for name, beta in (("a", 0.9), ("b", 0.5)):
+            (scratch / "fedavgm.py").write_text(PLUGIN.replace("0.9", str(beta)))
+            result = run(scratch, "dvc", "exp", "run", "dvc.yaml", "-n", f"plugin-{name}",
+                         "-S", "train.algorithm=fedavgm:FedAvgM")  # fmt: skip
+            output = result.stdout + result.stderr
+            assert result.returncode == 0, output
+            assert "Running stage 'train'" in output
+            assert "Stage 'train' didn't change, skipping" not in output
+            config = json.loads((scratch / RUN / "config.json").read_text())
+            assert config["settings"]["fedavgm:FedAvgM"]["beta"] == beta
+    finally:
+        (scratch / "fedavgm.py").unlink()
+        set_params(scratch)

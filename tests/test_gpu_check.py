@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_dry_run_prints_every_table() -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "5"],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "8"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "skipped" in out  # the cuda tests were collected (and skipped on the CPU)
     assert "# Profile of fedrc" in out and "| client_parts |" in out  # gpu_profile.py
+    assert "| --together 2 |" in out  # together.py
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
     assert "| im2col |" in out  # conv_paths.py
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
@@ -33,7 +34,7 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
     assert "train from round 2" in out
     fresh = out[out.index("on a fresh machine") :]
-    assert "train from round 0" in fresh and "done: 13 of 13 steps; failed: none" in fresh
+    assert "train from round 0" in fresh and "done: 14 of 14 steps; failed: none" in fresh
     assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
     assert out.rstrip().endswith("dry run: every step ran, --continue included")
 

@@ -4,6 +4,7 @@ clients readable, and "one model" where there are no clusters."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from pipeline.config import PlotConfig
 from pipeline.data.records import read_manifest
-from pipeline.outputs.plots import class_rows, cluster_shares, final_omega
+from pipeline.outputs.shares import class_rows, cluster_shares, final_omega
 from pipeline.run import files as rf
 from pipeline.stages import plot_stage
 
@@ -119,3 +120,45 @@ def test_cluster_shares_count_the_clients_of_each_row(
     styles, _, style_clients = shares["style"]
     assert list(style_clients) == [sum(c.style == s for c in part) for s in styles]
     assert shares["concept"][2].sum() == len(part)
+
+
+def test_figures_in_print_formats_with_a_font_size(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`fedrc plot --format png,pdf,svg --font-size 7`: every figure three times, the PDF a
+    PDF, the SVG's words text; an unknown format is one line naming the option, exit 2."""
+    from typer.testing import CliRunner
+
+    from fedrc_cli.app import app
+
+    run = tmp_path / "fedrc"
+    shutil.copytree(tiny_runs["fedrc"], run)
+    args = ["plot", "--run", str(run), "--format", "png,pdf,svg", "--font-size", "7"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for stem in ("cluster_map", "accuracy", "omega"):
+        assert (run / "plots" / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
+        assert "<text" in (run / "plots" / f"{stem}.svg").read_text()
+        assert (run / "plots" / f"{stem}.png").is_file()
+    bad = CliRunner().invoke(app, ["plot", "--run", str(run), "--format", "png,tiff"])
+    assert bad.exit_code == 2 and "plot.format" in bad.output, bad.output
+
+
+def test_cluster_ids_stay_apart_at_k8_and_face_their_concepts(tiny_data: Path, figures) -> None:
+    """K = 8: the column labels are the cluster ids alone, under an axis named once; the
+    cluster holding most of a concept sits in that concept's column."""
+    from pipeline.outputs.plots import draw_cluster_map
+    from pipeline.outputs.style import FigureStyle
+
+    manifest = read_manifest(tiny_data)
+    concept = np.asarray([c.concept for c in manifest.clients])
+    omega = np.full((len(manifest.clients), 8), 0.01)
+    omega[np.arange(len(concept)), 7 - concept] = 0.93  # concept c in cluster 7 − c
+    draw_cluster_map([Path("k8.png")], omega, manifest, 3, "FedRC", FigureStyle(dpi=40))
+    concepts_axis = figures["k8.png"].axes[2]
+    labels = [t.get_text() for t in concepts_axis.get_xticklabels()]
+    assert labels[:3] == ["7", "6", "5"] and sorted(labels) == [str(j) for j in range(8)]
+    assert concepts_axis.get_xlabel() == "cluster k"
+    figures["k8.png"].canvas.draw()
+    boxes = [t.get_window_extent() for t in concepts_axis.get_xticklabels()]
+    assert all(a.x1 < b.x0 for a, b in itertools.pairwise(boxes))  # no two labels overlap

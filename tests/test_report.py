@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from fedrc_cli.app import app
 from pipeline.config import EvalConfig
-from pipeline.outputs.report import PAPER_TABLE1_FMNIST
+from pipeline.outputs.paper import PAPER_TABLE1_FMNIST
 from pipeline.run.files import METRICS, read_metrics
 from pipeline.run.resolve import make_config
 from pipeline.stages import eval_stage, train_stage
@@ -62,11 +62,14 @@ def test_help() -> None:
 
 
 def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) -> None:
+    """Sample std (ddof 1) over seeds; Table 1's numbers beside a synthetic benchmark only when
+    asked (`--paper show`), with how the benchmark differs."""
     out = tmp_path / "out"
-    result = invoke(runs_root, "--out", out)
+    result = invoke(runs_root, "--out", out, "--paper", "show")
     assert result.exit_code == 0, result.output
     assert "FedRC" in result.output and "FedEM" in result.output  # the rich table
-    assert "synthetic with" in result.output and "orientation only" in result.output
+    assert "dataset synthetic, not fmnist" in result.output
+    assert "orientation only" in result.output
 
     rows = read_csv(out / "report.csv")
     assert set(rows) == set(ALGORITHMS)
@@ -82,7 +85,7 @@ def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) 
         ):
             values = [r[key] for r in results]
             assert float(row[f"{stem}_mean"]) == pytest.approx(100 * np.mean(values))
-            assert float(row[f"{stem}_std"]) == pytest.approx(100 * np.std(values))
+            assert float(row[f"{stem}_std"]) == pytest.approx(100 * np.std(values, ddof=1))
         for stem, key in (("purity", "concept_purity"), ("label_purity", "label_purity")):
             shares = [r[key] for r in results]
             assert float(row[f"{stem}_mean"]) == pytest.approx(np.mean(shares))
@@ -93,7 +96,7 @@ def test_report_is_the_mean_and_std_over_seeds(runs_root: Path, tmp_path: Path) 
     )
 
     markdown = (out / "report.md").read_text()
-    main_table = markdown.split("## Global accuracy over rounds")[0]
+    main_table = markdown.split("## Spread over clients")[0]
     table = [line for line in main_table.splitlines() if line.startswith("| Fed")]
     assert [line.split(" | ")[0] for line in table] == ["| FedEM", "| FedRC"]
     assert "paper global" in markdown and "56.64 ± 2.14" in markdown  # FedEM's Table 1 value
@@ -178,12 +181,12 @@ def test_global_accuracy_over_rounds(runs_root: Path, tmp_path: Path) -> None:
             100 * np.mean(values)
         )
         assert float(rows["fedrc"][f"global_round{round_}_std"]) == pytest.approx(
-            100 * np.std(values)
+            100 * np.std(values, ddof=1)
         )
     values = [curves["fedem", s][1] for s in SEEDS]
     assert float(rows["fedem"]["global_round1_mean"]) == pytest.approx(100 * np.mean(values))
     assert rows["fedem"]["global_round2_mean"] == ""
-    progress = (out / "report.md").read_text().split("## Global accuracy over rounds")[1]
+    progress = (out / "report.md").read_text().split("## Global accuracy at chosen rounds")[1]
     fedem = next(line for line in progress.splitlines() if line.startswith("| FedEM |"))
     assert fedem.endswith("| – |") and "| round 1 | round 2 |" in progress
 
@@ -198,7 +201,7 @@ def test_the_table_fits_80_columns(runs_root: Path, tmp_path: Path) -> None:
     from fedrc_cli.report import summary_table
     from pipeline.outputs.report import build_report
 
-    rows, _ = build_report([str(runs_root)], tmp_path / "out")
+    rows, _, _ = build_report([str(runs_root)], tmp_path / "out")
     rows[0] = {**rows[0], "label": "FedRC-FT (hard)", "paper_local": 91.02, "paper_global": 62.37}
     screen = Console(width=80, file=io.StringIO(), record=True)
     screen.print(summary_table(rows))
@@ -215,7 +218,9 @@ def test_a_hard_evaluated_ifca_keeps_its_paper_column_and_concept_map(
     """`fedrc eval --hard` is IFCA's own rule (one cluster's model a client), the one its paper
     reports: the row stays "IFCA" with Table 1's numbers and its concept map. FedRC scored hard
     is a variant: marked, no paper numbers, and its ω (the soft run's) is not drawn twice."""
-    from pipeline.outputs.report import concept_maps, find_manifest, group_runs, load_run
+    from pipeline.outputs.figures import concept_maps
+    from pipeline.outputs.groups import group_runs
+    from pipeline.outputs.runs import find_manifest, load_run
 
     root = tmp_path / "runs"
     shutil.copytree(runs_root, root)
@@ -226,7 +231,7 @@ def test_a_hard_evaluated_ifca_keeps_its_paper_column_and_concept_map(
     shutil.copytree(root / "fedrc-s0", hard_fedrc)
     eval_stage(EvalConfig(run=str(hard_fedrc), hard=True))
     out = tmp_path / "out"
-    result = invoke(root, "--out", out)
+    result = invoke(root, "--out", out, "--paper", "show")
     assert result.exit_code == 0, result.output
     with (out / "report.csv").open() as f:
         rows = {row["label"]: row for row in csv.DictReader(f)}
@@ -237,10 +242,196 @@ def test_a_hard_evaluated_ifca_keeps_its_paper_column_and_concept_map(
         paper[1][0],
     )
     assert rows["FedRC (hard)"]["paper_local"] == ""
-    assert "| IFCA | 0 |" in (out / "report.md").read_text()
+    assert "| IFCA | 1 |" in (out / "report.md").read_text()  # one seed
 
     runs = [load_run(p) for p in sorted(root.iterdir())]
-    titles = [title for title, _ in concept_maps(group_runs(runs), find_manifest(runs[0]))]
+    groups = group_runs(runs, list(PAPER_TABLE1_FMNIST))
+    titles = [title for title, *_ in concept_maps(groups, find_manifest(runs[0]))]
     assert [t.split(",")[0] for t in titles] == ["IFCA", "FedEM", "FedRC"]
-    concepts, _ = concept_maps(group_runs(runs), find_manifest(runs[0]))[0][1]
+    concepts, _ = concept_maps(groups, find_manifest(runs[0]))[0][1]
     assert all("(n=" in c for c in concepts)  # the clients behind each row
+
+
+def test_latex_beside_markdown_with_intervals_and_paired_tests(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """report.tex is a booktabs table of mean ± 95 % CI; every other row is tested against the
+    baseline, paired by seed, and the p-value in report.csv is scipy's paired t-test of those
+    seeds' values."""
+    from scipy import stats
+
+    out = tmp_path / "out"
+    result = invoke(runs_root, "--out", out, "--baseline", "fedem")
+    assert result.exit_code == 0, result.output
+    tex = (out / "report.tex").read_text()
+    for part in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}", "$\\pm$"):
+        assert part in tex, part
+    assert "95\\,\\% confidence interval" in tex and "paired t-test against FedEM" in tex
+    rows = read_csv(out / "report.csv")
+    assert rows["fedem"]["baseline"] == "True" and rows["fedem"]["global_p"] == ""
+    fedrc, fedem = (evals(runs_root, a) for a in ("fedrc", "fedem"))
+    for stem, key in (("local", "local_accuracy"), ("final_global", "final_global_accuracy")):
+        a = [100 * r[key] for r in fedrc]
+        b = [100 * r[key] for r in fedem]
+        expected = stats.ttest_rel(a, b).pvalue if len(set(np.subtract(a, b))) > 1 else None
+        got = rows["fedrc"][f"{stem}_p"]
+        assert (float(got) if got else None) == pytest.approx(expected), stem
+        half = stats.t.ppf(0.975, 1) * np.std(a, ddof=1) / np.sqrt(2)
+        assert float(rows["fedrc"][f"{stem}_ci_high"]) == pytest.approx(np.mean(a) + half)
+    markdown = (out / "report.md").read_text()
+    assert "| FedEM (baseline) |" in markdown and "paired t-test" in markdown
+    assert "**" in markdown  # the best of each column in bold
+
+
+def test_chosen_columns_and_rounds(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ("--columns", "global,max_global,ari", "--at-rounds", "1,2")
+    assert invoke(runs_root, "--out", out, *args).exit_code == 0
+    markdown = (out / "report.md").read_text()
+    main = next(line for line in markdown.splitlines() if line.startswith("| algorithm"))
+    assert main == (
+        "| algorithm | n | rounds | lr | global (best-train) | global (max, optimistic) | ARI |"
+    )
+    assert "| round 1 | round 2 |" in markdown
+    tex = (out / "report.tex").read_text()
+    assert "global (max, optimistic) & ARI" in tex and "local (last)" not in tex
+    rows = read_csv(out / "report.csv")
+    for algorithm in ALGORITHMS:
+        ari = [r["concept_ari"] for r in evals(runs_root, algorithm)]
+        assert float(rows[algorithm]["ari_mean"]) == pytest.approx(np.mean(ari))
+        worst = [r["final_local_accuracy_worst10"] for r in evals(runs_root, algorithm)]
+        assert float(rows[algorithm]["local_worst10_mean"]) == pytest.approx(100 * np.mean(worst))
+
+
+def test_bad_report_options_are_one_line_and_write_nothing(runs_root: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    for args, culprit in (
+        (("--columns", "global,speed"), "--columns"),
+        (("--baseline", "fedprox"), "--baseline"),
+        (("--format", "png,gif"), "--format"),
+        (("--test", "anova"), "--test"),
+        (("--paper", "maybe"), "--paper"),
+        (("--at-rounds", "0"), "--at-rounds"),
+        (("--at-rounds", "ten"), "--at-rounds"),
+        (("--font-size", "2"), "--font-size"),
+        (("--width", "100"), "--width"),
+    ):
+        assert_one_line_error(invoke(runs_root, "--out", out, *args), culprit)
+        assert not out.exists(), args
+
+
+def test_a_run_given_twice_is_refused(runs_root: Path, tmp_path: Path) -> None:
+    """Named by a folder and again by a glob, a run would count as two seeds."""
+    out = tmp_path / "out"
+    result = invoke(runs_root, f"{runs_root}/fedrc-s0", "--out", out)
+    assert_one_line_error(result, "fedrc-s0", "given twice")
+    assert not out.exists()
+
+
+def test_a_copied_run_is_refused(runs_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    shutil.copytree(root / "fedrc-s1", root / "fedrc-copy")
+    assert_one_line_error(invoke(root, "--out", tmp_path / "out"), "same configuration and seed 1")
+
+
+def test_one_seed_is_a_single_value(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert invoke(f"{runs_root}/fedrc-s0", "--out", out).exit_code == 0
+    row = next(line for line in (out / "report.md").read_text().splitlines() if "| FedRC |" in line)
+    assert "±" not in row and "| 1 |" in row
+    assert read_csv(out / "report.csv")["fedrc"]["global_std"] == ""  # no ± 0.00
+
+
+def test_figures_in_every_format_and_size(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ("--format", "png,pdf,svg", "--width", "3", "--height", "2", "--dpi", "100")
+    result = invoke(runs_root, "--out", out, *args, "--font-size", "8")
+    assert result.exit_code == 0, result.output
+    for stem in ("report", "curves"):
+        assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
+        assert b"<svg" in (out / f"{stem}.svg").read_bytes()[:2000]
+    with Image.open(out / "curves.png") as image:
+        assert image.size == (300, 200)  # 3 × 2 inches at 100 dpi
+    assert "<text" in (out / "curves.svg").read_text()  # the words stay text
+
+
+def test_the_curves_have_a_band_per_row_from_its_seeds(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each row is a line of the mean over seeds with a band of ± one sample std, in the row's
+    colour; rounds are whole numbers."""
+    from pipeline.outputs.style import FigureStyle
+
+    saved = {}
+
+    def keep(self, fig, paths) -> None:  # the report writes under temporary names
+        saved[paths[0].name.lstrip(".").split(".tmp")[0]] = fig
+
+    monkeypatch.setattr(FigureStyle, "save", keep)
+    assert invoke(runs_root, "--out", tmp_path / "out").exit_code == 0
+    ax = saved["curves.png"].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"FedEM (n=2)", "FedRC (n=2)"}
+    curves = {
+        s: {
+            r["round"]: 100 * r["global_accuracy"]
+            for r in read_metrics(runs_root / f"fedrc-s{s}" / METRICS)
+        }
+        for s in SEEDS
+    }
+    y = lines["FedRC (n=2)"].get_ydata()
+    assert list(y) == pytest.approx([np.mean([curves[s][r] for s in SEEDS]) for r in (1, 2)])
+    bands = [c for c in ax.collections if len(c.get_paths()) > 0]
+    assert len(bands) == 2
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_fedrc_ft_shows_fine_tuned_numbers_or_none(
+    runs_root: Path, tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The FedRC-FT row's best-train and maximum cells are empty (those are the models before
+    fine-tuning); its last-round cells are the fine-tuned scores, beside the paper's FT row."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root, root)
+    for seed in SEEDS:
+        ft = root / f"fedrc-ft-s{seed}"
+        shutil.copytree(root / f"fedrc-s{seed}", ft)
+        eval_stage(EvalConfig(run=str(ft), finetune=True))
+    out = tmp_path / "out"
+    assert invoke(root, "--out", out, "--paper", "show").exit_code == 0
+    with (out / "report.csv").open() as f:
+        rows = {row["label"]: row for row in csv.DictReader(f)}
+    ft = rows["FedRC-FT"]
+    for stem in ("local", "global", "max_global", "train"):
+        assert ft[f"{stem}_mean"] == "", stem
+    tuned = [
+        json.loads((root / f"fedrc-ft-s{s}" / "eval.json").read_text())["final_global_accuracy"]
+        for s in SEEDS
+    ]
+    assert float(ft["final_global_mean"]) == pytest.approx(100 * np.mean(tuned))
+    assert float(ft["paper_global"]) == PAPER_TABLE1_FMNIST["FedRC-FT"][1][0]
+    assert ft["global_round1_mean"] == ""  # the logged curve is before fine-tuning
+    line = next(x for x in (out / "report.md").read_text().splitlines() if "| FedRC-FT |" in x)
+    assert line.split(" | ")[4:6] == ["–", "–"]  # local and global at the best-train round
+
+
+def test_cost_and_spread_come_from_the_runs_own_files(runs_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert invoke(runs_root, "--out", out).exit_code == 0
+    rows = read_csv(out / "report.csv")
+    for algorithm in ALGORITHMS:
+        logs = [read_metrics(runs_root / f"{algorithm}-s{s}" / METRICS) for s in SEEDS]
+        per_run = [np.mean([r["bytes_down"] + r["bytes_up"] for r in log]) / 1e6 for log in logs]
+        assert float(rows[algorithm]["megabytes_mean"]) == pytest.approx(np.mean(per_run))
+        seconds = [np.mean([r["seconds"] for r in log]) for log in logs]
+        assert float(rows[algorithm]["seconds_mean"]) == pytest.approx(np.mean(seconds))
+        by_concept = [
+            r["global_accuracy_by_concept"]["reverse"] for r in evals(runs_root, algorithm)
+        ]
+        assert float(rows[algorithm]["global_reverse_mean"]) == pytest.approx(
+            100 * np.mean(by_concept)
+        )
+    markdown = (out / "report.md").read_text()
+    assert "## Spread over clients, communication and time" in markdown
+    assert "MB / round" in markdown and "## Global accuracy per concept" in markdown

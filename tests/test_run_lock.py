@@ -141,7 +141,9 @@ def test_a_second_report_into_one_folder_is_refused_and_a_killed_ones_files_remo
     result = runner.invoke(app, ["report", "r", "--out", "rep"])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in (here / "rep").iterdir())
-    assert names == [".notes.md.tmp-mine", "report.csv", "report.md", "report.png"], names
+    assert names == [
+        ".notes.md.tmp-mine", "curves.png", "report.csv", "report.md", "report.png", "report.tex"
+    ], names  # fmt: skip
     assert locks(here) == []
 
 

@@ -7,13 +7,16 @@ A package adds one with an entry point in its pyproject.toml (group `fedrc.algor
     my-method = "my_package.my_method:MyMethod"
 
 A module that is not installed is named `module.path:Name` instead (imported from the current
-folder or PYTHONPATH). A plugin is imported only when it is asked for or listed, so one that
-fails to import costs one line where it is named and nothing elsewhere.
+folder or PYTHONPATH), or a file `path/to/file.py:Name`. A plugin is imported only when it is
+asked for or listed, so one that fails to import costs one line where it is named and nothing
+elsewhere.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,13 +43,41 @@ def _origin(point: metadata.EntryPoint) -> str:
     return f"{dist.name} {dist.version}" if dist is not None else "an installed package"
 
 
+def module_name(source: str) -> str:
+    """The name in sys.modules of a plugin's module: `module.path` itself, or for a file
+    `path/file.py` a name of its own (the file's stem and a hash of its absolute path)."""
+    if not source.endswith(".py"):
+        return source
+    where = hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:12]
+    return f"fedrc_plugin_{Path(source).stem.replace('.', '_')}_{where}"
+
+
+def _import_module(source: str) -> Any:
+    """`module.path` imported, or the file `path/file.py` loaded as a module (once)."""
+    name = module_name(source)
+    if name == source or name in sys.modules:
+        return importlib.import_module(name)
+    if not Path(source).is_file():
+        raise ModuleNotFoundError(f"no file {source}")
+    spec = importlib.util.spec_from_file_location(name, source)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # a dataclass in it looks itself up there
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _import(target: str, what: str) -> Any:
-    """`module.path:Name` → the object; any failure is one FedrcError naming `what`."""
-    module_name, _, attribute = target.partition(":")
+    """`module.path:Name` or `path/file.py:Name` → the object; any failure is one FedrcError
+    naming `what`."""
+    source, _, attribute = target.partition(":")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `fedrc` as a console script lacks the cwd
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import_module(source)
         for part in attribute.split("."):
             obj = getattr(obj, part)
     except Exception as e:  # a plugin's import may raise anything; say which and go on
@@ -112,6 +143,15 @@ class Registry:
             f"{option}: unknown {self.kind} {name!r} (known: {known}; or a plugin's "
             "module.path:Name)"
         )
+
+    def module(self, name: str) -> str | None:
+        """The module in sys.modules that the plugin `name` comes from (`get` imports it); None
+        for a built-in, whose code is fedrc's."""
+        if name in self._builtins():
+            return None
+        points = self._points()
+        target = points[name].value if name in points else name
+        return module_name(target.partition(":")[0])
 
     def card(self, name: str) -> Any:
         """What `fedrc info NAME` shows: a built-in's card, without importing it; a plugin's

@@ -41,6 +41,7 @@ RESUMABLE = (
     "log",
 )
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # `--log`: pipeline.run.trackers
+FIGURE_FORMATS = ("png", "pdf", "svg")  # `fedrc plot --format`, `fedrc report --format`
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,17 @@ class PlotConfig:
 
     run: str = option("runs/fedrc", "Run folder written by `fedrc train`.")
     dpi: int = option(120, "Resolution of the PNG files.")
+    format: list[str] = option(
+        None,
+        "Comma-separated file formats of each figure: png, pdf, svg (PDF and SVG for print).",
+        default_factory=lambda: ["png"],
+    )
+    font_size: float = option(10.0, "Font size of the figures, in points.")
 
     def validate(self) -> None:
         _require(20 <= self.dpi <= 600, "plot.dpi", "an integer in [20, 600]", self.dpi)
+        formats = self.format
+        ok = bool(formats) and all(f in FIGURE_FORMATS for f in formats)
+        _require(ok, "plot.format", f"names from {FIGURE_FORMATS}", formats)
+        size = self.font_size
+        _require(4 <= size <= 30, "plot.font_size", "a number in [4, 30]", size)

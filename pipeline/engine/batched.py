@@ -75,6 +75,15 @@ class Pool(NamedTuple):
 Group = tuple[int, torch.Tensor, torch.Tensor]  # batch length L, task ids (G,), positions (G, L)
 
 
+class Rates(NamedTuple):
+    """Each task's SGD numbers, (T,) tensors, when a chunk holds the tasks of several runs
+    (`pipeline.engine.cohort`); a chunk of one run uses its executor's numbers as they are."""
+
+    lr: torch.Tensor
+    weight_decay: torch.Tensor
+    momentum: torch.Tensor
+
+
 class BatchedExecutor(SequentialExecutor):
     """Same contract as `SequentialExecutor` (flat models, `train`, `logits`, `losses`), with
     `stream` and `logits` vectorised over tasks / model rows.
@@ -117,6 +126,9 @@ class BatchedExecutor(SequentialExecutor):
         self.param_names = [n for n, _ in self.model.named_parameters()]
         self.buffer_names = [n for n, b in self.model.named_buffers() if b.is_floating_point()]
         self.shapes = [t.shape for t in self.tensors]
+        # a `Cohort` (pipeline.engine.cohort) whose batched steps train this executor's chunks
+        # together with other runs' chunks; None: this executor trains its chunks itself
+        self.cohort = None
         self.conv = conv_path(conv, device)
         # the module that vmap runs: the model, or its copy whose convolutions take im2col
         self.vmapped = with_im2col(self.model) if self.conv == "im2col" else self.model
@@ -174,7 +186,7 @@ class BatchedExecutor(SequentialExecutor):
         first = next(jobs, None)
         if first is None:
             return
-        size = self.chunk_tasks or self.auto_chunk(first[1])
+        size = self.chunk_size(first[1])
         jobs, done = itertools.chain([first], jobs), 0
         while chunk := list(itertools.islice(jobs, size)):
             try:
@@ -183,18 +195,21 @@ class BatchedExecutor(SequentialExecutor):
                 raise NonFiniteLoss(str(e), done + e.index, chunk[e.index]) from None
             done += len(chunk)
 
-    def _schedule(self, jobs: list[Job]) -> tuple[list[list[Group]], torch.Tensor]:
-        """The batches of every task, grouped per global step, built on the host.
+    def _schedule(
+        self, jobs: list[Job], owners: list[BatchedExecutor]
+    ) -> tuple[list[list[Group]], torch.Tensor]:
+        """The batches of every task, grouped per global step, built on the host; task t's
+        batch size, epochs and drop_last are its owner's.
 
         Returns one list per step of (batch length L, task ids (G,), sample positions (G, L)
         within each task's own data) and an (steps, tasks) mask of the tasks that take a step.
         """
         per_task = []
-        for _, _, labels, seed in jobs:
+        for (_, _, labels, seed), owner in zip(jobs, owners):
             gen = torch.Generator().manual_seed(seed)  # as in SequentialExecutor.train
             batches = []
-            for _ in range(self.local_epochs):
-                batches += self._batches(torch.randperm(labels.shape[0], generator=gen))
+            for _ in range(owner.local_epochs):
+                batches += owner._batches(torch.randperm(labels.shape[0], generator=gen))
             per_task.append(batches)
         steps = []
         mask = torch.zeros(max(map(len, per_task)), len(jobs), dtype=torch.bool)
@@ -254,19 +269,28 @@ class BatchedExecutor(SequentialExecutor):
         ]
 
     def _train_chunk(self, jobs: list[Job]) -> list[LocalResult]:
-        """Local SGD of a chunk's tasks at once, one global step at a time (the module's
-        docstring: batches, sizes, masking)."""
+        """Local SGD of a chunk's tasks at once (`train_tasks`), or, in a cohort, together with
+        the chunks other runs have ready."""
+        if self.cohort is not None:
+            return self.cohort.train(self, jobs)
+        return self.train_tasks(jobs, [self] * len(jobs))
+
+    def train_tasks(self, jobs: list[Job], owners: list[BatchedExecutor]) -> list[LocalResult]:
+        """Local SGD of the tasks at once, one global step at a time (the module's docstring:
+        batches, sizes, masking); task t trains with the batch size, epochs and SGD numbers of
+        `owners[t]`, an executor of the same model (itself, or another run's in a cohort)."""
         tasks = [job[0] for job in jobs]
         if any(t.stages or t.prototypes or t.rule is not None for t in tasks):
             raise ValueError(
                 "the batched executor does not run staged tasks or rules (LocalTask.stages, .rule)"
             )
         pool = self._pool(jobs)
-        steps, mask = self._schedule(jobs)
+        steps, mask = self._schedule(jobs, owners)
         groups_per_step, mask_dev = self._on_device(steps), mask.to(self.device)
         params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(self.device))
         params, buffers = list(params.values()), list(buffers.values())
-        bufs = self._momentum_start(tasks)
+        rates = self._rates(owners)
+        bufs = self._momentum_start(tasks, owners)
         anchors, mus = self._proximal(tasks)
         self.vmapped.train()
         in_dims = (0, 0, 0, 0, 0, None if pool.offsets is None else 0)
@@ -281,9 +305,18 @@ class BatchedExecutor(SequentialExecutor):
                 )
             grads = torch.autograd.grad(objective, leaves, allow_unused=True)
             masked = None if bool(mask[j].all()) else mask_dev[j]
-            params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked)
+            params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked, rates)
         _raise_if_not_finite(total)  # one check per chunk, not per step
-        return self._results(tasks, params, buffers, bufs, total)
+        return self._results(tasks, params, buffers, bufs, total, owners)
+
+    def _rates(self, owners: list[BatchedExecutor]) -> Rates | None:
+        """Per-task SGD numbers when the owners' differ; None when they are this executor's
+        (the numbers of a run trained alone, as scalars)."""
+        numbers = [(o.lr, o.weight_decay, o.momentum) for o in owners]
+        if all(n == (self.lr, self.weight_decay, self.momentum) for n in numbers):
+            return None
+        columns = torch.tensor(numbers, dtype=torch.float32, device=self.device).T
+        return Rates(*columns)
 
     def _on_device(self, steps: list[list[Group]]) -> list[list[Group]]:
         """The whole schedule's task ids and positions moved to the device at once, before the
@@ -296,10 +329,12 @@ class BatchedExecutor(SequentialExecutor):
         moved = iter([(g[0], i, p.view(g[2].shape)) for g, i, p in zip(groups, ids, positions)])
         return [[next(moved) for _ in step] for step in steps]
 
-    def _momentum_start(self, tasks: list[LocalTask]) -> list[torch.Tensor] | None:
+    def _momentum_start(
+        self, tasks: list[LocalTask], owners: list[BatchedExecutor]
+    ) -> list[torch.Tensor] | None:
         """Stacked momentum buffers: the task's own, or zeros (0·m + d = d, torch's first
-        step exactly); None when SGD has no momentum."""
-        if self.momentum == 0:
+        step exactly); None when no owner's SGD has momentum."""
+        if all(o.momentum == 0 for o in owners):
             return None
         zero = torch.zeros(self.num_trainable, device=self.device)
         return self._stack([zero if t.momentum is None else t.momentum for t in tasks])
@@ -344,16 +379,17 @@ class BatchedExecutor(SequentialExecutor):
         total.index_add_(0, ids, weighted.detach().double())
         return (weighted / length).sum()
 
-    def _results(self, tasks, params, buffers, bufs, total) -> list[LocalResult]:
+    def _results(self, tasks, params, buffers, bufs, total, owners) -> list[LocalResult]:
         """Each task's trained flat vector, loss sum and, when it brought one, momentum."""
         trained = self._flatten([p.detach() for p in params] + buffers)
         sums = total.tolist()
         momentum = self._flatten(bufs) if bufs is not None else None
         out = []
-        for t, task in enumerate(tasks):
+        for t, (task, owner) in enumerate(zip(tasks, owners)):
             m = None
             if task.momentum is not None:  # momentum 0: torch.optim.SGD leaves the buffer be
-                m = momentum[t] if momentum is not None else task.momentum.to(self.device).clone()
+                kept = momentum is None or owner.momentum == 0
+                m = task.momentum.to(self.device).clone() if kept else momentum[t]
             out.append(LocalResult(trained[t], sums[t], m))
         return out
 
@@ -362,9 +398,11 @@ class BatchedExecutor(SequentialExecutor):
         sizes = [s.numel() for s in self.shapes[: len(self.param_names)]]
         return list(flat[:, : sum(sizes)].split(sizes, dim=1))
 
-    def _sgd(self, params, grads, bufs, anchors, mus, mask):
+    def _sgd(self, params, grads, bufs, anchors, mus, mask, rates: Rates | None = None):
         """torch.optim.SGD's step on stacked tensors; rows where `mask` is False keep their
-        parameters and momentum. A parameter without a gradient is skipped, as torch does."""
+        parameters and momentum. A parameter without a gradient is skipped, as torch does.
+        `rates`: each task's lr, weight decay and momentum (a cohort's chunk), else this
+        executor's."""
         new_params, new_bufs = [], []
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(params, grads)):
@@ -377,12 +415,20 @@ class BatchedExecutor(SequentialExecutor):
                 d = g
                 if anchors is not None:  # gradient of (μ/2)‖w − anchor‖²
                     d = d + mus.view(-1, *[1] * (p.dim() - 1)) * (p - anchors[i])
-                if self.weight_decay != 0:
-                    d = d.add(p, alpha=self.weight_decay)
-                if bufs is not None:
-                    buf = bufs[i].mul(self.momentum).add_(d)
-                    d = buf
-                new = p.add(d, alpha=-self.lr)
+                if rates is not None:
+                    rows = [1] * (p.dim() - 1)
+                    d = d + rates.weight_decay.view(-1, *rows) * p
+                    if bufs is not None:
+                        buf = bufs[i] * rates.momentum.view(-1, *rows) + d
+                        d = buf
+                    new = p - rates.lr.view(-1, *rows) * d
+                else:
+                    if self.weight_decay != 0:
+                        d = d.add(p, alpha=self.weight_decay)
+                    if bufs is not None:
+                        buf = bufs[i].mul(self.momentum).add_(d)
+                        d = buf
+                    new = p.add(d, alpha=-self.lr)
                 if mask is not None:
                     keep = mask.view(-1, *[1] * (p.dim() - 1))
                     new = torch.where(keep, new, p)
@@ -394,6 +440,10 @@ class BatchedExecutor(SequentialExecutor):
         return new_params, (new_bufs if bufs is not None else None)
 
     # --- memory ---------------------------------------------------------------------------
+    def chunk_size(self, images: torch.Tensor) -> int:
+        """Tasks per chunk: `chunk_tasks` when given, else `auto_chunk`."""
+        return self.chunk_tasks or self.auto_chunk(images)
+
     def auto_chunk(self, images: torch.Tensor) -> int:
         """Tasks per chunk: `CPU_CHUNK` on a CPU; on CUDA, MEMORY_SHARE of the free memory
         over a conservative per-task estimate (fp32 parameters, gradient, momentum, anchor,

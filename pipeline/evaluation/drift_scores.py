@@ -9,7 +9,9 @@ The protocol, after FedDrift (Jothimurugesan et al., AISTATS 2023), with recover
   accuracy on step t's data (*before drift*);
 - *rounds to recover*: rounds into step t + 1 until those clients' accuracy is back within
   RECOVERY_MARGIN of before (0: it never dropped that far; None: not within the step);
-- *concept purity* per step (`concept_purity`), from ω at the step's last round.
+- *concept purity* per step (`concept_purity`, the matched share), and the ARI and NMI of the
+  clients' clusters against their concepts (`pipeline.evaluation.agreement`), from ω at the
+  step's last round; a step where every client holds one concept scores a single cluster 1.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pyarrow.compute as pc
 from pipeline.data.records import Manifest
 from pipeline.data.time_steps import step_rounds
 from pipeline.evaluation.accuracy import concept_purity
+from pipeline.evaluation.agreement import cluster_agreement
 
 RECOVERY_MARGIN = 0.01  # accuracy, not points: within 1 point of the pre-drift accuracy
 
@@ -77,7 +80,7 @@ def over_time(
             "local_accuracy": end.get(prefix + "local_accuracy"),
             "global_accuracy": end.get(prefix + "global_accuracy"),
             "next_accuracy": end.get(f"next_{prefix}local_accuracy"),
-            "concept_purity": purity_at(assignments, last, manifest.at_step(t)),
+            **clustering_at(assignments, last, manifest.at_step(t)),
             "drifted_clients": int((schedule[t] != schedule[t - 1]).sum()) if t else 0,
         }
         if entry["drifted_clients"]:
@@ -87,16 +90,17 @@ def over_time(
     return {"time_steps": steps_count, "rounds_per_step": rounds_per_step, **averages(steps)}
 
 
-def purity_at(assignments: pa.Table, round_: int, at: Manifest) -> float | None:
-    """Concept purity of ω at an evaluated round over the participating clients (None: the
-    round was not evaluated)."""
+def clustering_at(assignments: pa.Table, round_: int, at: Manifest) -> dict[str, float | None]:
+    """Concept purity (the matched share), ARI and NMI of ω at an evaluated round over the
+    participating clients (None each: the round was not evaluated, or one model)."""
     found = omega_at(assignments, round_)
     if found is None:
-        return None
+        return {"concept_purity": None, "concept_ari": None, "concept_nmi": None}
     omega, concepts = found
     part = np.asarray(at.participating)
     sizes = np.asarray([c.train_size for c in at.clients], dtype=float)
-    return concept_purity(omega[part], concepts[part], sizes[part])
+    purity = concept_purity(omega[part], concepts[part], sizes[part])
+    return {"concept_purity": purity, **cluster_agreement(omega[part], concepts[part])}
 
 
 def drift_recovery(
@@ -128,5 +132,7 @@ def averages(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_recovery_rounds": _mean([s.get("recovery_rounds") for s in drifts]),
         "unrecovered_drifts": sum(s.get("recovery_rounds") is None for s in drifts),
         "mean_concept_purity": _mean([s["concept_purity"] for s in steps]),
+        "mean_concept_ari": _mean([s["concept_ari"] for s in steps]),
+        "mean_concept_nmi": _mean([s["concept_nmi"] for s in steps]),
         "steps": steps,
     }

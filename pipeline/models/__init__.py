@@ -4,6 +4,7 @@ a model's code, and torch, are imported when it is built."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,12 @@ def _not_a_model(obj: Any) -> str | None:
 MODELS = Registry("model", "--model", lambda: BUILT_IN, _not_a_model)
 
 
+# Held while torch's global generator draws a model's initial weights: `initial_models` seeds it
+# and draws under this lock, so that runs sharing a process (`fedrc sweep --together`, a thread
+# each) never draw from each other's seeded stream.
+GLOBAL_RNG = threading.RLock()
+
+
 def build_model(
     image_shape: tuple[int, int, int],
     num_classes: int,
@@ -98,7 +105,8 @@ def build_model(
     except FedrcError as e:
         raise FedrcError(f"train.{name}.{e}") from None
     try:
-        model = spec.build(image_shape, num_classes, settings)
+        with GLOBAL_RNG:
+            model = spec.build(image_shape, num_classes, settings)
         probe(model, image_shape)
     except RuntimeError as e:  # a kernel larger than what is left of the image, say
         height, width, channels = image_shape

@@ -1,5 +1,5 @@
-"""Pictures of a drifting run: who sits in which cluster over rounds beside their true concept,
-and accuracy over rounds, each with the drift events marked."""
+"""Pictures of a drifting run over rounds: who sits in which cluster beside their true concept,
+with the drift events marked (and the marks the accuracy curve adds)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,16 @@ import numpy as np
 import pyarrow as pa
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
-from pipeline.common.io import naming
 from pipeline.data.records import Manifest
+from pipeline.outputs.matching import (
+    cluster_colours,
+    cluster_order,
+    concept_colours,
+    match_clusters,
+)
+from pipeline.outputs.style import FigureStyle
 
 
 def timeline(assignments: pa.Table) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -57,55 +64,62 @@ def _categorical(ax: Any, matrix: np.ndarray, colours: Any, rounds: list[int]) -
 
 
 def draw_timeline(
-    path: Path,
+    paths: list[Path],
     metrics: list[dict[str, Any]],
     assignments: pa.Table,
     manifest: Manifest,
     run: str,
-    dpi: int,
+    style: FigureStyle,
 ) -> None:
-    """Left: each participating client's cluster (arg-max ω) at every evaluated round; right:
-    its true concept. Dashed lines: the drift events (a step begins); dots: a client that
-    drifted there. Clients are sorted by their concept history, so groups that drift together
-    sit together."""
+    """Left: each participating client's cluster (arg-max ω) at every evaluated round, in the
+    colour of the concept it is matched to (`matching`; grey: none); right: its true concept.
+    Dashed lines: the drift events (a step begins); dots: a client that drifted there. Clients
+    are sorted by their concept history, so groups that drift together sit together; their ids
+    label the rows."""
     rounds, cluster, concept = timeline(assignments)
     part = manifest.participating
     schedule = np.asarray(manifest.schedule)  # (T, participating)
     order = np.lexsort(schedule[::-1])
     cluster, concept = cluster[part][order], concept[part][order]
-    k = max(int(cluster.max()) + 1, 2)
-    clusters = ListedColormap(plt.get_cmap("tab10").colors[:k])
-    concepts = ListedColormap(plt.get_cmap("Set2").colors[: len(manifest.concepts)])
+    k = sum(name.startswith("omega_") for name in assignments.column_names)
+    names = manifest.concepts
+    matched = match_clusters(cluster, concept, k, len(names))
+    clusters = ListedColormap(cluster_colours(matched, len(names)))
+    concepts = ListedColormap(concept_colours(len(names)))
     height = 2.4 + 0.06 * len(part)
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(11, height), sharey=True, constrained_layout=True
-    )
-    _categorical(left, cluster, clusters, rounds)
-    _categorical(right, concept, concepts, rounds)
-    for start, step in step_starts(metrics):
-        moved = np.flatnonzero(schedule[step][order] != schedule[step - 1][order])
+    with style.fonts():
+        fig, (left, right) = plt.subplots(
+            1, 2, figsize=(11, height), sharey=True, constrained_layout=True
+        )
+        _categorical(left, cluster, clusters, rounds)
+        _categorical(right, concept, concepts, rounds)
+        for start, step in step_starts(metrics):
+            moved = np.flatnonzero(schedule[step][order] != schedule[step - 1][order])
+            for ax in (left, right):
+                ax.axvline(start - 0.5, color="black", ls="--", lw=1)
+                ax.plot(np.full(moved.size, start - 0.5), moved, "k.", ms=4)
+        left.set(title="cluster (arg-max ω)", xlabel="round", ylabel="participating client (id)")
+        right.set(title="true concept", xlabel="round")
         for ax in (left, right):
-            ax.axvline(start - 0.5, color="black", ls="--", lw=1)
-            ax.plot(np.full(moved.size, start - 0.5), moved, "k.", ms=4)
-    left.set(title="cluster (arg-max ω)", xlabel="round", ylabel="participating client")
-    right.set(title="true concept", xlabel="round")
-    left.legend(
-        handles=[Patch(color=clusters(j), label=f"k={j}") for j in range(k)],
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-    )
-    right.legend(
-        handles=[Patch(color=concepts(j), label=n) for j, n in enumerate(manifest.concepts)],
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-    )
-    left.set_yticks([])
-    fig.suptitle(f"{run}: clusters over time (dashed: a drift; dots: the clients that drifted)")
-    with naming(path):  # matplotlib's errors name no file
-        fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ids = [part[i] for i in order]
+        step = max(1, int(np.ceil(len(ids) / 40)))
+        left.set_yticks(range(0, len(ids), step), [str(ids[i]) for i in range(0, len(ids), step)])
+        legend = [
+            Patch(color=clusters(j), label=f"k={j} ≈ {names[matched[j]]}" if matched[j] >= 0
+                  else f"k={j} (no concept)")
+            for j in cluster_order(matched)
+        ]  # fmt: skip
+        left.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        right.legend(
+            handles=[Patch(color=concepts(j), label=n) for j, n in enumerate(names)],
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            fontsize="small",
+        )
+        fig.suptitle(f"{run}: clusters over time (dashed: a drift; dots: the clients that drifted)")
+        style.save(fig, paths)
+        plt.close(fig)
 
 
 def mark_drifts(ax: Any, metrics: list[dict[str, Any]]) -> None:

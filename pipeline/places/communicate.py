@@ -94,6 +94,11 @@ class Communicator:
         """Every place's picklable `value`, in place order."""
         return [value]
 
+    def measured_bytes(self) -> dict[str, int]:
+        """Bytes measured on the wire since the last call, for the round's metrics row (a
+        Flower server: the records it sent to and received from the nodes); nothing here."""
+        return {}
+
 
 def owners(participating: list[int], held_out: list[int], size: int) -> dict[int, int]:
     """client id → place: round-robin over the participating clients, then the held-out ones,

@@ -209,7 +209,7 @@ def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]
 
 
 SCORES = ("train_accuracy", "local_accuracy", "global_accuracy", "global_accuracy_by_concept")
-COUNTS = ("step", "clients", "clients_scored")
+COUNTS = ("step", "clients", "clients_scored", "bytes_down", "bytes_up")
 
 
 def _is_number(value: Any) -> bool:

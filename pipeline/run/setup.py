@@ -22,11 +22,12 @@ from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
 from pipeline.data.shards import FederatedData, load_federated, read_manifest
 from pipeline.engine import BatchedExecutor, SequentialExecutor
-from pipeline.models import build_model
+from pipeline.models import GLOBAL_RNG, build_model
 from pipeline.models.layout import head_range
 from pipeline.places.communicate import Communicator
 from pipeline.run.clients import LocalClients
 from pipeline.run.momentum import MomentumStore
+from pipeline.run.traffic import Traffic
 
 # builds a run's executor from its config and data: `make_executor` runs on this process's
 # device; a Flower server's runs on the SuperNodes (`pipeline.flower.server`)
@@ -83,12 +84,13 @@ def initial_models(
     executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
-    torch.manual_seed(config.seed)
     flat = []
-    for _ in range(rows):
-        model = run_model(config, data.manifest.image_shape, data.num_classes)
-        executor.model.load_state_dict(model.state_dict())
-        flat.append(executor.flatten())
+    with GLOBAL_RNG:  # the seeded stream is this run's alone, even beside other runs' threads
+        torch.manual_seed(config.seed)
+        for _ in range(rows):
+            model = run_model(config, data.manifest.image_shape, data.num_classes)
+            executor.model.load_state_dict(model.state_dict())
+            flat.append(executor.flatten())
     return torch.stack(flat)
 
 
@@ -129,6 +131,23 @@ def check_models_fit(k: int, params: int, device: torch.device) -> None:
         )
 
 
+def flat_size(model: torch.nn.Module) -> int:
+    """Length of a model's flat vector: parameters and floating-point buffers (the layout of
+    `SequentialExecutor.num_params`)."""
+    buffers = (b for b in model.buffers() if b.is_floating_point())
+    return sum(t.numel() for t in (*model.parameters(), *buffers))
+
+
+def check_fits(config: TrainConfig, image_shape: tuple[int, int, int], classes: int) -> None:
+    """`check_models_fit` before any data is loaded (`fedrc check`): the model built from the
+    benchmark's image shape and classes on the CPU, the memory of the device the run will use
+    (a GPU asked for and absent is the run's own error)."""
+    gpu = config.device != "cpu" and torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    model = run_model(config, image_shape, classes)
+    check_models_fit(num_models(config), flat_size(model), device)
+
+
 @dataclass
 class Run:
     """What one training run holds on one place."""
@@ -141,6 +160,7 @@ class Run:
     models: torch.Tensor
     momentum: MomentumStore
     clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+    traffic: Traffic = field(default_factory=Traffic)  # the round's message bytes, this place
 
 
 @dataclass

@@ -53,6 +53,7 @@ from pipeline.run.setup import (
     make_executor,
 )
 from pipeline.run.trackers import require_trackers
+from pipeline.run.traffic import Traffic
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -84,6 +85,9 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     sampled = comm.present(sampled)  # a client whose node is away sits the round out
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
+    run.traffic = Traffic()
+    for _ in mine:  # each client's E-step scores every model row it receives
+        run.traffic.down(run.models)
     if algorithm.wants_true_concepts():  # an oracle setting asked for the benchmark's truth
         algorithm.true_concepts(data.manifest.concepts, [c.concept for c in data.clients])
     algorithm.begin_round(run.models)
@@ -95,8 +99,9 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
         loss_sum = client_parts(run, round_, sampled, mine, cached_logits)
     else:
         raw, losses, guesses = estep_inputs(run, mine, cached_logits)  # Alg. 1 line 5
-        losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
         labels = {c: data.labels[data.train_slices[c]] for c in mine}
+        run.traffic.up([losses, labels, guesses])  # what the server's E-step reads
+        losses = comm.gather(sampled, losses, sizes, torch.zeros(0, algorithm.num_models))
         labels = comm.gather(sampled, labels, sizes, torch.zeros(0, dtype=torch.int64))
         if algorithm.predicts:
             empty = torch.zeros((0, algorithm.num_models), dtype=torch.int64)
@@ -106,7 +111,8 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
             c: algorithm.e_step(c, losses[c], labels[c], guesses.get(c)).detach() for c in sampled
         }
         loss_sum = train_and_fold(run, round_, local_jobs(run, round_, mine, gammas, raw))
-    comm.sum([*algorithm.contributions(), loss_sum])
+    traffic = run.traffic.tensor(comm.device)
+    comm.sum([*algorithm.contributions(), loss_sum, traffic])
     shared = algorithm.shared_rows()
     if shared is not None:
         comm.share(shared)
@@ -114,6 +120,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     algorithm.end_round()
     seen = sum(sizes.values()) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
+    row.update(Traffic.row(traffic))
     return {**row, **algorithm.round_info()}
 
 
@@ -175,7 +182,9 @@ def run_parts(
         lambda task: run.momentum.attach(task, run.models.device),
         skipped,
     )
+    run.traffic.down([step.values() for step in steps.values()])
     loss_sum = fold_results(run, round_, run.clients.train(work))
+    run.traffic.up([upload for upload, _ in work.outcomes.values()])
     outcomes = {}
     for part in run.comm.all_gather_object(work.outcomes):
         outcomes.update(part)
@@ -192,6 +201,7 @@ def observe_statistics(run: Run, clients: list[int]) -> None:
             rows = data.train_slices[client]
             statistic = algorithm.describe(client, data.images[rows], data.labels[rows], run.models)
             local[client] = statistic.detach().to("cpu", torch.float32).flatten()
+    run.traffic.up(local)
     gathered = {}
     for part in run.comm.all_gather_object(local):
         gathered.update(part)
@@ -268,6 +278,7 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
         for (task, *_), result in results:
             run.momentum.keep(task, result)
             run.algorithm.fold(task.client, task, result)
+            run.traffic.up([result.params, result.prototypes])  # the trained model goes up
             loss_sum += result.loss_sum
     except NonFiniteLoss as e:
         task = e.job[0]
@@ -364,15 +375,17 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     on_round: RoundCallback | None = None,
+    executor_factory: ExecutorFactory = make_executor,
 ) -> Path:
-    """Train in this process, or as one rank of a torchrun job (the clients shared out)."""
+    """Train in this process, or as one rank of a torchrun job (the clients shared out).
+    `executor_factory`: how the run's executor is made (a sweep's cohort hands in its own)."""
     if not distributed.launched():
         comm = Communicator(resolve_device(config.device))
-        return train_run(config, comm, resume, overwrite, on_round)
+        return train_run(config, comm, resume, overwrite, on_round, None, executor_factory)
     if config.device == "cuda":
         resolve_device("cuda")  # no GPU: the same one-line error on every rank
     with distributed.Group.start(config.device) as group:
-        return train_run(config, group, resume, overwrite, on_round)
+        return train_run(config, group, resume, overwrite, on_round, None, executor_factory)
 
 
 def train_run(
@@ -482,4 +495,5 @@ def play_round(round_: int, run: Run, full: FederatedData, progress: Progress) -
         scores, progress.cached = next_step_scores(run, full, step, round_)
         row.update(scores)
     at = {"step": step} if steps > 1 else {}
-    return {"round": round_, **at, **row, "seconds": time.perf_counter() - tic}
+    wire = run.comm.measured_bytes()  # a Flower deployment's records, evaluation included
+    return {"round": round_, **at, **row, **wire, "seconds": time.perf_counter() - tic}

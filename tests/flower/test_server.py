@@ -46,7 +46,10 @@ def test_flower_server_equals_fedrc_train(algorithm: str, tiny_data: Path, tmp_p
     expected = reference(flower_config(tiny_data, algorithm, tmp_path / "single"))
     config = flower_config(tiny_data, algorithm, tmp_path / "flower")
     out = serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
-    assert_same_run(expected, out)
+    assert_same_run(expected, out)  # bytes_down and bytes_up too: counted alike
+    # what the records measured on the wire, each round (evaluation included)
+    rows = read_metrics(out / METRICS)
+    assert all(r["flower_bytes_sent"] > 0 and r["flower_bytes_received"] > 0 for r in rows)
 
 
 def test_flower_server_on_a_drifting_benchmark(tmp_path: Path) -> None:
