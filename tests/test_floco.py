@@ -118,6 +118,21 @@ def test_a_rule_at_a_fixed_point_is_the_plain_training_there() -> None:
     torch.testing.assert_close(ruled.params, plain.params, rtol=0, atol=1e-6)
 
 
+def test_fedrc_check_sizes_the_simplex_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fedrc check` weighs the model the run trains (M copies of the final layer), not
+    --model's."""
+    from pipeline.models import build_model
+    from pipeline.run import setup
+
+    config = make_config(algorithm="floco", endpoints=3, model="cnn", device="cpu")
+    sizes: list[int] = []
+    monkeypatch.setattr(setup, "check_models_fit", lambda k, size, device: sizes.append(size))
+    setup.check_fits(config, (28, 28, 1), 10)
+    plain = setup.flat_size(build_model((28, 28, 1), 10, "cnn"))
+    assert sizes == [setup.flat_size(setup.run_model(config, (28, 28, 1), 10))]
+    assert sizes[0] > plain
+
+
 def test_the_projection_round_trains_everyone_and_places_them() -> None:
     config = make_config(algorithm="floco", endpoints=3, tau=2)
     algorithm = build_algorithm(config, 6, 4, head=(0, 3 * 4 * 2 + 4))
