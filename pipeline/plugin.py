@@ -18,6 +18,7 @@ noise (`TableNoiseSettings`, `TableNoise`) and the shared body (`SharedBodySetti
 from __future__ import annotations
 
 from pipeline.algorithms.adam_estep import AdamEStep
+from pipeline.algorithms.adaptive_fedavg import AdaptiveFedAvg
 from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
 from pipeline.algorithms.apfl import APFL, APFLRule
 from pipeline.algorithms.base import Algorithm, HardClustering
@@ -47,6 +48,7 @@ from pipeline.algorithms.fedprox import FedProx, FedProxStep
 from pipeline.algorithms.fedrc import FedRC, FedRCStep
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
+from pipeline.algorithms.flash import Flash, FlashStep
 from pipeline.algorithms.floco import Floco, FlocoRule, SimplexLinear
 from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
@@ -82,6 +84,7 @@ __all__ = [
     "PACFL",
     "APFLRule",
     "AdamEStep",
+    "AdaptiveFedAvg",
     "AdaptiveK",
     "AdaptiveKSettings",
     "AdaptiveKStep",
@@ -111,6 +114,8 @@ __all__ = [
     "FedRCStep",
     "FedSoft",
     "FedrcError",
+    "Flash",
+    "FlashStep",
     "Floco",
     "FlocoRule",
     "HardClustering",

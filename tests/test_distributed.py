@@ -47,6 +47,19 @@ CASES = {
     "pfedme": {"pfedme": {"personal_lr": 0.02}},
     "fedgwc": {"fedgwc": {"eps": 10.0}},  # step losses summed over ranks; a split in round 2
     "floco": {"floco": {"endpoints": 3, "tau": 2}},  # every rank's pseudo-gradients projected
+    # issue 43's optimizers: the rate each place computes, the server's moments, early stops
+    "adaptive-fedavg": {},  # the round's lr from the server state, the same on both ranks
+    "flash": {"local_epochs": 4, "flash": {"gamma": 0.05}},  # clients stop early on their rank
+    "ifca": {  # FedYogi per cluster, local AdamW, a step schedule
+        "server_opt": "yogi",
+        "server_lr": 0.01,
+        "optimizer": "adamw",
+        "lr": 0.01,
+        "weight_decay": 0.01,
+        "lr_schedule": "step",
+        "lr_step_rounds": 1,
+        "lr_gamma": 0.5,
+    },
 }  # FedRC: test_resume_distributed_run
 
 

@@ -181,6 +181,20 @@ def test_persistent_momentum_is_refused(algorithm: str) -> None:
         build_algorithm(config, 4, C)
 
 
+@pytest.mark.parametrize("algorithm", ["apfl", "pfedme"])
+def test_local_adam_and_pfedmes_schedule_are_refused(algorithm: str) -> None:
+    """Their rules take SGD steps (pFedMe's at its own rates, which no schedule moves)."""
+    config = make_config(algorithm=algorithm, optimizer="adam")
+    with pytest.raises(FedrcError, match=r"^train\.optimizer: .* whose steps are SGD's; set it"):
+        build_algorithm(config, 4, C)
+    scheduled = make_config(algorithm=algorithm, lr_schedule="cosine")
+    if algorithm == "apfl":  # its steps take the round's lr
+        build_algorithm(scheduled, 4, C)
+        return
+    with pytest.raises(FedrcError, match=r"^train\.lr_schedule: pfedme steps at its own rates"):
+        build_algorithm(scheduled, 4, C)
+
+
 # --- behaviour: what a personal model does that one global model cannot ---------------------
 # The concept-shift benchmark of test_behaviour.py: three equally common concepts, IID labels,
 # so one model cannot fit every client, and a model per client can.

@@ -135,6 +135,17 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FlocoSettings,
             "floco:Floco",
         ),
+        # drift-adaptive learning rates and server optimizers (issue 43)
+        AlgorithmCard(
+            "adaptive-fedavg",
+            "Adaptive-FedAvg",
+            "Canonaco et al., IJCNN 2021",
+            own.AdaptiveFedAvgSettings,
+            "adaptive_fedavg:AdaptiveFedAvg",
+        ),
+        AlgorithmCard(
+            "flash", "Flash", "Panchal et al., ICML 2023", own.FlashSettings, "flash:Flash"
+        ),
     )
 }
 

@@ -35,14 +35,18 @@ E-step, in one of two ways:
   (an algorithm, or a `Step`, with `wants_predictions` also gets `predictions=` in `assign`,
   `assign_held_out`, `step.run` and `step.held_out`: each sample's arg-max class under each
   model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
-  `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings
+  `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings, at the
+                                     round's learning rate (`local_lr`, every place, once a
+                                     round: the schedule's, or the algorithm's own)
   `fold(i, task, result)`            add one trained model to the running aggregates
                                      (`accumulate`); the loop drops the result right after
 then once per round:
   `contributions()`                  the running sums, which a communicator adds up over places
   `shared_rows()`                    per-client vectors a rule needs all at once (or None)
   `aggregate(models)`                the new global models, from the combined contributions;
-                                     it may create a model in a free row or merge two rows
+                                     it may create a model in a free row or merge two rows;
+                                     an average becomes a model through `server_step`
+                                     (`train.server_opt`: FedAvg's η_g, or FedOpt's)
   `end_round()`                      bookkeeping for the next round (FedRC: C_{y,k})
 and for prediction:
   `combine_logits(raw)`              from the rows' logits to the K predictors' logits (CAM: sum)
@@ -79,6 +83,7 @@ from pipeline.algorithms.client import ClientStep, Memory, Upload, hard_tasks, s
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
+from pipeline.algorithms.server_opt import ServerOptimizer
 from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
@@ -99,11 +104,14 @@ class Algorithm(ABC):
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
     describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
-    # its tasks use `LocalTask.stages` (FedCCFA) or a `LocalTask.rule` (APFL, pFedMe), which
-    # only the sequential executor runs and Flower's messages do not carry; `local_training`
-    # says which, in the one-line refusals
+    # its tasks need the sequential executor: `LocalTask.stages` (FedCCFA), a `LocalTask.rule`
+    # (APFL, pFedMe, FedGWC, Floco) or `stop_gain` (Flash); `local_training` says which, in the
+    # one-line refusals
     needs_sequential: ClassVar[bool] = False
     local_training: ClassVar[str] = ""
+    # its tasks train by stages or a rule: SGD steps with fresh momentum in each local training,
+    # which Flower's messages do not carry
+    own_training: ClassVar[bool] = False
     # how a new client is assigned without its labels (`assign_unlabeled`), for reports
     unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
@@ -156,13 +164,19 @@ class Algorithm(ABC):
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
-        if self.needs_sequential and config.persistent_momentum:
+        if self.own_training and config.persistent_momentum:
             raise FedrcError(
                 f"train.persistent_momentum: {self.name} {self.local_training}, each local "
                 "training starting with fresh momentum; set it to false"
             )
+        if self.own_training and config.optimizer != "sgd":
+            raise FedrcError(
+                f"train.optimizer: {self.name} {self.local_training}, whose steps are SGD's; "
+                "set it to sgd"
+            )
         self.sums: torch.Tensor | None = None  # (R, P) Σ_i w_ik θ_ik of the round (`accumulate`)
         self.totals: torch.Tensor | None = None  # (R,) Σ_i w_ik
+        self.server = ServerOptimizer(config)  # `server_step`: train.server_opt
         self.init_state()
 
     def init_state(self) -> None:
@@ -173,6 +187,9 @@ class Algorithm(ABC):
         # client → what its step keeps between its E-steps, held where the client's data is
         # (here in one process and under torchrun; on the node in a Flower deployment)
         self.memory: dict[int, Memory] = {}
+        # the server optimizer's moments per model row (`server_opt`); None until the first
+        # adaptive step, and always for sgd
+        self.server_opt: dict[str, torch.Tensor] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -375,6 +392,12 @@ class Algorithm(ABC):
         """Default (FedEM, FedRC): every model k trains with weights γ_{:,k}, counting N_i."""
         return soft_tasks(gamma, models)
 
+    def local_lr(self, lr: float) -> float:
+        """The learning rate of this round's local trainings, given the schedule's
+        (`train.lr_schedule`); called on every place after `begin_round`. Default: the
+        schedule's (Adaptive-FedAvg adapts it to drift)."""
+        return lr
+
     # --- aggregation ----------------------------------------------------------------------
     def begin_round(self, models: torch.Tensor) -> None:
         self.sums = torch.zeros(models.shape, dtype=torch.float64, device=models.device)
@@ -399,11 +422,21 @@ class Algorithm(ABC):
         return None
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
-        """θ_k ← θ_k + η_g (Σ_i w_ik θ_ik / Σ_i w_ik − θ_k); a model nobody trained is kept."""
+        """θ_k ← θ_k + η_g (Σ_i w_ik θ_ik / Σ_i w_ik − θ_k), or FedOpt's step from that
+        pseudo-gradient (`server_step`); a model nobody trained is kept."""
         trained = self.totals > 0
         new = models.clone()
         average = (self.sums[trained] / self.totals[trained, None]).to(models.dtype)
-        new[trained] = models[trained] + self.config.server_lr * (average - models[trained])
+        new[trained] = self.server_step(models, average - models[trained], trained)
+        return new
+
+    def server_step(
+        self, models: torch.Tensor, delta: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """The new models of `rows` (a mask or indices of `models`) from their pseudo-gradients
+        `delta` (average − θ, one per row): θ + η_g Δ, or with `train.server_opt` FedOpt's
+        adaptive step on each row's own moments (`pipeline.algorithms.server_opt`)."""
+        new, self.server_opt = self.server.step(models, delta, rows, self.server_opt)
         return new
 
     def end_round(self) -> None:  # noqa: B027 (a hook: most algorithms need none)
@@ -431,9 +464,10 @@ class Algorithm(ABC):
         (M, N, classes). Default: the rows as they are (one row: FedSoft's model)."""
         return logits
 
-    def divergence_hint(self) -> str:
-        """What a user lowers when a local training diverges (its step sizes' setting)."""
-        return f"lower --lr (now {self.config.lr})"
+    def divergence_hint(self, now: str) -> str:
+        """What a user lowers when a local training diverges (its step sizes' setting); `now`
+        says the run's --lr and, where a schedule or the algorithm moved it, the round's."""
+        return f"lower --lr ({now})"
 
     def round_info(self) -> dict[str, Any]:
         """Extra numbers for the round's metrics line (e.g. the number of active models)."""
@@ -441,8 +475,11 @@ class Algorithm(ABC):
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """ω and the attributes named in `state_attributes`; a checkpoint holds this."""
+        """ω, the attributes named in `state_attributes` and, with an adaptive
+        `train.server_opt`, its moments; a checkpoint holds this."""
         declared = {name: getattr(self, name) for name in self.state_attributes}
+        if self.server.adaptive:
+            declared["server_opt"] = self.server_opt
         return {"omega": self.omega, **declared}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

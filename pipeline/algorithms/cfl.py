@@ -160,7 +160,9 @@ class CFL(HardClustering):
         return self._updates
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
-        new = models.clone()
+        """Each cluster with sampled members moves by its members' mean update (`server_step`);
+        a split cluster's child starts from its parent's model and moves by its own half's."""
+        start, deltas = models.clone(), {}
         for c in range(self.clusters):
             members = (self._member == c + 1).nonzero().flatten().tolist()
             if not members:
@@ -171,11 +173,17 @@ class CFL(HardClustering):
                 moving = [m for m, h in zip(members, halves) if h == 1]
                 staying = [m for m, h in zip(members, halves) if h == 0]
                 child = self.split(c, moving, set(self._member.nonzero().flatten().tolist()))
-                new[child] = models[c] + self.config.server_lr * self.mean_update(moving).to(models)
+                start[child] = models[c]
+                deltas[child] = self.mean_update(moving)
                 mean = self.mean_update(staying)
-            new[c] = models[c] + self.config.server_lr * mean.to(models)
+            deltas[c] = mean
         if self._updates is not None:
             self._updates.close()
+        new = start.clone()
+        if deltas:
+            rows = torch.tensor(sorted(deltas), device=models.device)
+            delta = torch.stack([deltas[r] for r in sorted(deltas)]).to(models)
+            new[rows] = self.server_step(start, delta, rows)
         return new
 
     def mean_update(self, members: list[int]) -> torch.Tensor:

@@ -123,7 +123,7 @@ def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Te
 @described("fedccfa")
 class FedCCFA(Algorithm):
     personal_models = True
-    needs_sequential = True  # staged local training (`LocalTask.stages`)
+    needs_sequential = own_training = True  # staged local training (`LocalTask.stages`)
     local_training = "trains in stages (LocalTask.stages, class anchors, prototypes)"
     settings: FedCCFASettings
 
@@ -133,6 +133,11 @@ class FedCCFA(Algorithm):
 
     def init_state(self) -> None:
         super().init_state()
+        if self.config.lr_schedule != "constant":
+            raise FedrcError(
+                "train.lr_schedule: fedccfa trains each stage with SGD at its own learning rate "
+                "(balanced_lr, clf_lr, rep_lr); set it to constant"
+            )
         c = self.num_classes
         width = 0 if self.head is None else self.head[1] - self.head[0]  # None: no model given
         if self.head is not None and (width % c or width // c < 2):

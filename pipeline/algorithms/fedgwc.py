@@ -108,7 +108,7 @@ class FedGWC(HardClustering):
 
     settings: FedGWCSettings
     Step = FedGWCStep
-    needs_sequential = True  # the step losses come from a rule (`StepLosses`)
+    needs_sequential = own_training = True  # the step losses come from a rule (`StepLosses`)
     local_training = "sends the loss of each local step (LocalTask.rule)"
     state_attributes: ClassVar[tuple[str, ...]] = (
         "cluster", "in_use", "interactions", "change", "patience", "per_round", "rounds_done",

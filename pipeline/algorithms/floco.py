@@ -155,7 +155,7 @@ class Floco(Algorithm):
 
     settings: FlocoSettings
     personal_models = True
-    needs_sequential = True
+    needs_sequential = own_training = True
     local_training = "draws a point of its solution simplex for each batch (LocalTask.rule)"
     state_attributes: ClassVar[tuple[str, ...]] = ("centres", "placed", "current", "rounds_done")
 

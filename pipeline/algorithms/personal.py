@@ -34,7 +34,7 @@ class PersonalModels(Algorithm):
     `keep`."""
 
     personal_models = True
-    needs_sequential = True
+    needs_sequential = own_training = True
     local_training = "trains a personal model beside the global one (LocalTask.rule)"
     state_attributes: ClassVar[tuple[str, ...]] = ("personal",)
     row_extra: ClassVar[int] = 0  # numbers per client in a shared row after the model (`row`)

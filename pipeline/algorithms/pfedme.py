@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from pipeline.algorithms import described
 from pipeline.algorithms.personal import PersonalModels
 from pipeline.algorithms.settings import PFedMeSettings
+from pipeline.common.errors import FedrcError
 from pipeline.engine.rules import LocalRule, Net
 
 
@@ -61,10 +62,18 @@ class PFedMeRule(LocalRule):
 class PFedMe(PersonalModels):
     settings: PFedMeSettings
 
+    def init_state(self) -> None:
+        super().init_state()
+        if self.config.lr_schedule != "constant":
+            raise FedrcError(
+                "train.lr_schedule: pfedme steps at its own rates (personal_lr, local_lr), not "
+                "--lr; set it to constant"
+            )
+
     def rule(self, client: int, models: torch.Tensor) -> PFedMeRule:
         return PFedMeRule(self.settings)
 
-    def divergence_hint(self) -> str:
-        """θ's steps diverge when η_p (λ + the loss's curvature) passes 2."""
+    def divergence_hint(self, now: str) -> str:
+        """θ's steps diverge when η_p (λ + the loss's curvature) passes 2 (--lr does not apply)."""
         s = self.settings
         return f"lower --set personal_lr=... (now {s.personal_lr}; lam {s.lam})"

@@ -368,3 +368,41 @@ class FlocoSettings(Settings):
         require(self.endpoints >= 1, "endpoints", "an integer >= 1", self.endpoints)
         require(self.tau >= 1, "tau", "an integer >= 1", self.tau)
         require(self.rho >= 0, "rho", "a number >= 0", self.rho)
+
+
+# --- the server and learning-rate optimizers of issue 43 (Adaptive-FedAvg, Flash) ---------
+@dataclass(frozen=True)
+class AdaptiveFedAvgSettings(Settings):
+    """The decays of the three running estimates; FedCCFA's configs/AdaptiveFedAvg.yaml (the
+    paper's values, unverified: FedDrift's code uses 0.5 for all three)."""
+
+    beta1: float = setting(0.7, "β1: the decay of the running mean of the global model")
+    beta2: float = setting(0.3, "β2: the decay of the running variance around that mean")
+    beta3: float = setting(0.7, "β3: the decay of the running ratio of two variances")
+
+    def validate(self) -> None:
+        for key in ("beta1", "beta2", "beta3"):
+            value = getattr(self, key)
+            require(0 <= value < 1, key, "a number in [0, 1)", value)
+
+
+@dataclass(frozen=True)
+class FlashSettings(Settings):
+    """FedCCFA's configs/Flash.yaml (the authors' code is not public); the server's own η
+    replaces train.server_lr."""
+
+    eta: float = setting(0.01, "η, the server's step size in η m / (√v − d + τ)")
+    beta1: float = setting(0.9, "β1: the decay of the server's momentum m")
+    beta2: float = setting(0.99, "β2: the decay of the second moment v")
+    tau: float = setting(1e-3, "τ, the adaptivity; v starts at τ²")
+    gamma: float = setting(
+        0.004, "γ: a client stops after epoch e ≥ 2 when its loss gained less than γ / e"
+    )
+
+    def validate(self) -> None:
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            require(0 <= value < 1, key, "a number in [0, 1)", value)
+        require(positive(self.eta), "eta", "a number > 0", self.eta)
+        require(positive(self.tau), "tau", "a number > 0", self.tau)
+        require(self.gamma >= 0, "gamma", "a number >= 0 (0: no early stopping)", self.gamma)

@@ -16,6 +16,9 @@ from pipeline.common.settings import require as _require
 DEVICES = ("auto", "cpu", "cuda")
 EXECUTORS = ("auto", "batched", "sequential")  # auto: sequential on a CPU, batched on CUDA
 PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # the local optimizer (torch.optim's rules)
+SCHEDULES = ("constant", "step", "cosine")  # the local learning rate over rounds
+SERVER_OPTIMIZERS = ("sgd", "adam", "yogi", "adagrad")  # FedOpt (Reddi et al., ICLR 2021)
 # Where the authors' code departs from the paper (protocol §1): `profile: reference` turns these on
 # (and an algorithm's `Settings.profiles` its own); keys given explicitly still win.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -56,7 +59,14 @@ class TrainConfig:
 
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "Run": ("data", "algorithm", "clusters", "model", "profile", "seed", "out"),
-        "Rounds": ("rounds", "rounds_per_step", "participation", "server_lr"),
+        "Rounds": ("rounds", "rounds_per_step", "participation"),
+        "Server optimizer": (
+            "server_lr",
+            "server_opt",
+            "server_beta1",
+            "server_beta2",
+            "server_tau",
+        ),
         "Local SGD": (
             "local_epochs",
             "batch_size",
@@ -66,6 +76,17 @@ class TrainConfig:
             "drop_last",
             "persistent_momentum",
             "skip_below",
+        ),
+        "Local optimizer and schedule": (
+            "optimizer",
+            "local_beta1",
+            "local_beta2",
+            "local_eps",
+            "lr_schedule",
+            "lr_step_rounds",
+            "lr_gamma",
+            "lr_min",
+            "lr_period",
         ),
         "Evaluation and checkpoints": ("eval_every", "checkpoint_every", "log"),
         "Execution": ("device", "executor", "chunk_clients", "precision"),
@@ -88,12 +109,28 @@ class TrainConfig:
         "the rest).",
     )
     participation: float = option(1.0, "Share of participating clients sampled each round.")
-    server_lr: float = option(1.0, "Server learning rate η_g: θ ← θ + η_g (average − θ).")
+
+    # Server optimizer
+    server_lr: float = option(
+        1.0,
+        "Server learning rate η_g: θ ← θ + η_g (average − θ); with adam, yogi or adagrad, "
+        "the η of FedOpt's step (the paper tunes it, e.g. 0.01).",
+    )
+    server_opt: str = option(
+        "sgd",
+        "sgd (the step above), or FedOpt's adam, yogi, adagrad on the pseudo-gradient "
+        "average − θ of every averaged model (Reddi et al., ICLR 2021, Algorithm 2).",
+    )
+    server_beta1: float = option(0.9, "FedOpt: β1, the decay of the server's momentum m.")
+    server_beta2: float = option(
+        0.99, "FedOpt: β2, the decay of the second moment v (not adagrad)."
+    )
+    server_tau: float = option(1e-3, "FedOpt: τ, the adaptivity in η m / (√v + τ); v starts at τ².")
 
     # Local SGD
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(128, "Local mini-batch size.")
-    lr: float = option(0.1, "Local SGD learning rate.")
+    lr: float = option(0.1, "Local learning rate (a schedule's at round 1).")
     momentum: float = option(0.9, "SGD momentum.")
     weight_decay: float = option(0.0, "SGD weight decay.")
     drop_last: bool = option(False, "Drop each epoch's last incomplete batch.")
@@ -104,6 +141,27 @@ class TrainConfig:
         0.0,
         "Skip the local training of a (client, model) pair whose ω is below δ; its model is "
         "folded in unchanged (0: train every pair).",
+    )
+
+    # Local optimizer and schedule
+    optimizer: str = option(
+        "sgd",
+        "sgd (momentum, weight_decay), adam (weight_decay as L2) or adamw (decoupled "
+        "weight_decay): torch.optim's rules, state fresh at each local training.",
+    )
+    local_beta1: float = option(0.9, "adam, adamw: β1.")
+    local_beta2: float = option(0.999, "adam, adamw: β2.")
+    local_eps: float = option(1e-8, "adam, adamw: ε.")
+    lr_schedule: str = option(
+        "constant",
+        "The local lr over rounds: constant; step (× lr_gamma every lr_step_rounds); cosine "
+        "(from lr to lr_min over lr_period rounds).",
+    )
+    lr_step_rounds: int = option(50, "step: rounds between two decays.")
+    lr_gamma: float = option(0.1, "step: the factor of each decay.")
+    lr_min: float = option(0.0, "cosine: the lr it decays to, from round lr_period + 1.")
+    lr_period: int | None = option(
+        None, "cosine: rounds from lr to lr_min (none: train.rounds, fixed when the run starts)."
     )
 
     # Evaluation and checkpoints
@@ -178,9 +236,42 @@ class TrainConfig:
             self.profile in PROFILES, f"{t}.profile", f"one of {tuple(PROFILES)}", self.profile
         )
         _require(0 < self.server_lr <= 10, f"{t}.server_lr", "a number in (0, 10]", self.server_lr)
+        self.validate_optimizers()
         sb = self.skip_below
         _require(0 <= sb < 1, f"{t}.skip_below", "a number in [0, 1)", sb)
         _require(0 <= self.seed <= SEED_MAX, f"{t}.seed", SEEDS, self.seed)
+
+    def validate_optimizers(self) -> None:
+        """The server and local optimizers' and the schedule's options."""
+        t = "train"
+        so, op, ls = self.server_opt, self.optimizer, self.lr_schedule
+        _require(so in SERVER_OPTIMIZERS, f"{t}.server_opt", f"one of {SERVER_OPTIMIZERS}", so)
+        for key in ("server_beta1", "server_beta2", "local_beta1", "local_beta2"):
+            value = getattr(self, key)
+            _require(0 <= value < 1, f"{t}.{key}", "a number in [0, 1)", value)
+        _require(self.server_tau > 0, f"{t}.server_tau", "a number > 0", self.server_tau)
+        _require(op in OPTIMIZERS, f"{t}.optimizer", f"one of {OPTIMIZERS}", op)
+        _require(self.local_eps > 0, f"{t}.local_eps", "a number > 0", self.local_eps)
+        if op != "sgd" and self.persistent_momentum:
+            raise FedrcError(
+                f"{t}.persistent_momentum: keeps SGD's momentum only; {op}'s moments start "
+                "fresh at each local training (set persistent_momentum: false)"
+            )
+        _require(ls in SCHEDULES, f"{t}.lr_schedule", f"one of {SCHEDULES}", ls)
+        rs = self.lr_step_rounds
+        _require(rs >= 1, f"{t}.lr_step_rounds", "an integer >= 1", rs)
+        _require(0 < self.lr_gamma <= 1, f"{t}.lr_gamma", "a number in (0, 1]", self.lr_gamma)
+        lm = self.lr_min
+        _require(0 <= lm <= self.lr, f"{t}.lr_min", f"a number in [0, lr = {self.lr}]", lm)
+        lp = self.lr_period
+        _require(lp is None or lp >= 1, f"{t}.lr_period", "an integer >= 1 or null", lp)
+
+    def fixed(self) -> TrainConfig:
+        """The configuration as a run records it: a cosine schedule's period given (the
+        run's rounds when not set), so that a run resumed with more --rounds keeps its lr."""
+        if self.lr_schedule != "cosine" or self.lr_period is not None:
+            return self
+        return dataclasses.replace(self, lr_period=self.rounds)
 
     def over_steps(self, time_steps: int) -> TrainConfig:
         """The configuration for a benchmark of `time_steps` steps: `rounds_per_step` fixed

@@ -109,6 +109,9 @@ class BatchedExecutor(SequentialExecutor):
         chunk_tasks: int | None = None,
         precision: str = "fp32",
         conv: str = "auto",
+        optimizer: str = "sgd",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
     ) -> None:
         super().__init__(
             model,
@@ -120,6 +123,9 @@ class BatchedExecutor(SequentialExecutor):
             local_epochs=local_epochs,
             drop_last=drop_last,
             precision=precision,
+            optimizer=optimizer,
+            betas=betas,
+            eps=eps,
         )
         self.lr, self.weight_decay = lr, weight_decay
         self.chunk_tasks = chunk_tasks
@@ -280,9 +286,10 @@ class BatchedExecutor(SequentialExecutor):
         batches, sizes, masking); task t trains with the batch size, epochs and SGD numbers of
         `owners[t]`, an executor of the same model (itself, or another run's in a cohort)."""
         tasks = [job[0] for job in jobs]
-        if any(t.stages or t.prototypes or t.rule is not None for t in tasks):
-            raise ValueError(
-                "the batched executor does not run staged tasks or rules (LocalTask.stages, .rule)"
+        if any(t.stages or t.prototypes or t.rule is not None or t.stop_gain for t in tasks):
+            raise ValueError(  # `needs_sequential`
+                "the batched executor runs neither staged tasks (LocalTask.stages), rules "
+                "(LocalTask.rule) nor early stopping (LocalTask.stop_gain)"
             )
         pool = self._pool(jobs)
         steps, mask = self._schedule(jobs, owners)
@@ -290,7 +297,10 @@ class BatchedExecutor(SequentialExecutor):
         params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(self.device))
         params, buffers = list(params.values()), list(buffers.values())
         rates = self._rates(owners)
-        bufs = self._momentum_start(tasks, owners)
+        if self.rule is None:
+            bufs = self._momentum_start(tasks, owners)
+        else:
+            bufs = self._moments_start(tasks)
         anchors, mus = self._proximal(tasks)
         self.vmapped.train()
         in_dims = (0, 0, 0, 0, 0, None if pool.offsets is None else 0)
@@ -305,7 +315,10 @@ class BatchedExecutor(SequentialExecutor):
                 )
             grads = torch.autograd.grad(objective, leaves, allow_unused=True)
             masked = None if bool(mask[j].all()) else mask_dev[j]
-            params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked, rates)
+            if self.rule is None:
+                params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked, rates)
+            else:  # every task still training takes its step j + 1 (a task stops, never pauses)
+                params, bufs = self._adam(leaves, grads, bufs, anchors, mus, masked, j + 1)
         _raise_if_not_finite(total)  # one check per chunk, not per step
         return self._results(tasks, params, buffers, bufs, total, owners)
 
@@ -338,6 +351,11 @@ class BatchedExecutor(SequentialExecutor):
             return None
         zero = torch.zeros(self.num_trainable, device=self.device)
         return self._stack([zero if t.momentum is None else t.momentum for t in tasks])
+
+    def _moments_start(self, tasks: list[LocalTask]) -> list[torch.Tensor]:
+        """Adam's stacked moments at the start: m and v of zeros, for every parameter."""
+        zero = torch.zeros(self.num_trainable, device=self.device)
+        return [self._stack([zero] * len(tasks)) for _ in range(2)]
 
     def _proximal(self, tasks: list[LocalTask]) -> tuple[list | None, torch.Tensor | None]:
         """Stacked proximal anchors and each task's μ (0 for a task without a pull); None,
@@ -383,7 +401,7 @@ class BatchedExecutor(SequentialExecutor):
         """Each task's trained flat vector, loss sum and, when it brought one, momentum."""
         trained = self._flatten([p.detach() for p in params] + buffers)
         sums = total.tolist()
-        momentum = self._flatten(bufs) if bufs is not None else None
+        momentum = self._flatten(bufs) if bufs is not None and self.rule is None else None
         out = []
         for t, (task, owner) in enumerate(zip(tasks, owners)):
             m = None
@@ -438,6 +456,30 @@ class BatchedExecutor(SequentialExecutor):
                 if bufs is not None:
                     new_bufs.append(buf)
         return new_params, (new_bufs if bufs is not None else None)
+
+    def _adam(self, params, grads, moments, anchors, mus, mask, step: int):
+        """Adam's (AdamW's) step `step` on stacked tensors (`local_opt`), the proximal pull
+        added to the gradient as in `_sgd`; rows where `mask` is False keep their parameters
+        and moments. A parameter without a gradient is skipped, as torch does."""
+        exp_avg, exp_avg_sq = moments
+        new_params, new_m, new_v = [], [], []
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(params, grads)):
+                p, m, v = p.detach(), exp_avg[i], exp_avg_sq[i]
+                if g is not None:
+                    if anchors is not None:  # gradient of (μ/2)‖w − anchor‖²
+                        g = g + mus.view(-1, *[1] * (p.dim() - 1)) * (p - anchors[i])
+                    new, m2, v2 = self.rule.step(p, g, m, v, step, self.lr)
+                    if mask is not None:
+                        keep = mask.view(-1, *[1] * (p.dim() - 1))
+                        new, m2, v2 = (
+                            torch.where(keep, a, b) for a, b in ((new, p), (m2, m), (v2, v))
+                        )
+                    p, m, v = new, m2, v2
+                new_params.append(p)
+                new_m.append(m)
+                new_v.append(v)
+        return new_params, [new_m, new_v]
 
     # --- memory ---------------------------------------------------------------------------
     def chunk_size(self, images: torch.Tensor) -> int:

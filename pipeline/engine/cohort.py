@@ -127,19 +127,13 @@ class Cohort:
 
 def _compatible(a: BatchedExecutor, b: BatchedExecutor) -> bool:
     """Whether two executors' tasks can train in one batched step: the same model (its
-    parameters' and buffers' names and shapes), device, precision and convolution path."""
+    parameters' and buffers' names and shapes), device, precision and convolution path, and
+    either both SGD (each task keeps its own numbers) or the same Adam at the same lr."""
     same_model = type(a.model) is type(b.model) and a.shapes == b.shapes
     same_names = a.param_names == b.param_names and a.buffer_names == b.buffer_names
-    return (
-        same_model
-        and same_names
-        and (a.device, a.precision, a.conv)
-        == (
-            b.device,
-            b.precision,
-            b.conv,
-        )
-    )
+    same_place = (a.device, a.precision, a.conv) == (b.device, b.precision, b.conv)
+    same_rule = a.rule == b.rule and (a.rule is None or a.lr == b.lr)
+    return same_model and same_names and same_place and same_rule
 
 
 def _train_turn(turn: list[Request]) -> None:

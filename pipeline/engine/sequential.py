@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.engine.heap import keep_freed_buffers
+from pipeline.engine.local_opt import Adam, local_rule
 from pipeline.engine.rules import Net
 from pipeline.engine.task import Job, LocalResult, LocalTask, Stage
 
@@ -69,6 +70,9 @@ class SequentialExecutor:
         local_epochs: int,
         drop_last: bool,
         precision: str = "fp32",
+        optimizer: str = "sgd",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected fp32 or bf16, got {precision!r}")
@@ -80,9 +84,11 @@ class SequentialExecutor:
         self.params = list(self.model.parameters())
         # The flat layout: every parameter, then every floating-point buffer (BatchNorm stats).
         self.tensors = self.params + [b for b in self.model.buffers() if b.is_floating_point()]
-        self.lr = lr
+        self.lr = lr  # the round's: the round loop sets it when a schedule changes it
         self.momentum = momentum
         self.weight_decay = weight_decay
+        # Adam or AdamW (`pipeline.engine.local_opt`); None: SGD, written out here
+        self.rule: Adam | None = local_rule(optimizer, betas, eps, weight_decay)
         # where each tensor lives outside a plain training (`load`, `logits`, staged training)
         self.own = [t.data for t in self.tensors]
         self.compact = compact_layout(self.tensors)
@@ -193,7 +199,8 @@ class SequentialExecutor:
         Momentum starts fresh unless the task brings a buffer. Batches are drawn from a
         generator seeded with `seed`, so a task's result depends only on its inputs. A task with
         `stages` runs them in turn (`train_staged`); one with a `rule` hands it its batches
-        (`train_rule`).
+        (`train_rule`); one with `stop_gain` γ > 0 stops after epoch e ≥ 2 when its loss gained
+        less than γ / e over epoch e (`early_stop`).
         """
         if task.stages:
             return self.train_staged(task, images, labels, seed)
@@ -202,13 +209,19 @@ class SequentialExecutor:
         anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
         gen = torch.Generator().manual_seed(seed)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        bufs = self._start_momentum(task)
+        bufs = self._start_momentum(task) if self.rule is None else self._start_moments()
         trained = self._start(task)
+        previous = math.inf
         try:
-            for _ in range(self.local_epochs):
+            for epoch in range(1, self.local_epochs + 1):
                 order = torch.randperm(labels.shape[0], generator=gen).to(self.device)
                 for idx in self._batches(order):
                     total += self._sgd_step(task, images, labels, idx, anchor, bufs)
+                if task.stop_gain > 0 and epoch < self.local_epochs:
+                    loss = self.early_stop_loss(task, images, labels)
+                    if previous - loss < task.stop_gain / epoch:
+                        break
+                    previous = loss
             if trained is None:
                 trained = self.flatten()
         finally:
@@ -241,6 +254,27 @@ class SequentialExecutor:
         pieces = flat.split([t.numel() for t in self.tensors])
         return [v.view_as(t) for v, t in zip(pieces, self.tensors)]
 
+    def _start_moments(self) -> dict[str, list]:
+        """Adam's state at the start of a local training: zero moments, no step yet."""
+        zeros = [[torch.zeros_like(p) for p in self.params] for _ in range(2)]
+        return {"exp_avg": zeros[0], "exp_avg_sq": zeros[1], "step": [0]}
+
+    def early_stop_loss(self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor) -> float:
+        """The model's mean loss Σ w·f / Σ w on the task's samples after an epoch, in eval mode
+        and without gradients (Flash's client-side check); the module goes back to training."""
+        self._mode(False)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        with torch.no_grad():
+            for s in range(0, labels.shape[0], INFERENCE_CHUNK):
+                rows = slice(s, s + INFERENCE_CHUNK)
+                out = self.forward(images[rows])
+                if task.offset is not None:
+                    out = out + task.offset[rows]
+                f = F.cross_entropy(out, labels[rows], reduction="none")
+                total += (task.weights[rows] * f).sum()
+        self._mode(True)
+        return float(total) / max(float(task.weights.sum()), 1e-12)
+
     def _start_momentum(self, task: LocalTask) -> list[torch.Tensor | None]:
         """Each parameter's SGD momentum buffer at the start: a copy of the task's, or None
         (fresh: the first step's gradient becomes it)."""
@@ -263,9 +297,10 @@ class SequentialExecutor:
         labels: torch.Tensor,
         idx: torch.Tensor,
         anchor: list[torch.Tensor] | None,
-        bufs: list[torch.Tensor | None],
+        bufs: list[torch.Tensor | None] | dict[str, list],
     ) -> torch.Tensor:
-        """One SGD step on the batch of rows `idx`; returns its Σ w·f, detached."""
+        """One step of the local optimizer on the batch of rows `idx` (SGD; with a `rule`,
+        Adam's state in `bufs`); returns its Σ w·f, detached."""
         out = self.forward(images[idx])
         if task.offset is not None:
             out = out + task.offset[idx]
@@ -278,8 +313,24 @@ class SequentialExecutor:
             if anchor is not None:  # gradient of (μ/2)‖w − anchor‖²
                 for p, a in zip(self.params, anchor):
                     p.grad.add_(p - a, alpha=task.mu)
-            self._sgd_update(bufs)
+            if self.rule is None:
+                self._sgd_update(bufs)
+            else:
+                self._adam_update(bufs)
         return weighted.detach()
+
+    def _adam_update(self, state: dict[str, list]) -> None:
+        """`torch.optim.Adam`'s (or AdamW's) step on the module's parameters (`local_opt`); a
+        parameter without a gradient is skipped, as torch does."""
+        state["step"][0] += 1
+        moments = zip(state["exp_avg"], state["exp_avg_sq"])
+        for i, (p, (m, v)) in enumerate(zip(self.params, moments)):
+            if p.grad is None:
+                continue
+            new, state["exp_avg"][i], state["exp_avg_sq"][i] = self.rule.step(
+                p, p.grad, m, v, state["step"][0], self.lr
+            )
+            p.copy_(new)
 
     def _sgd_update(self, bufs: list[torch.Tensor | None]) -> None:
         """`torch.optim.SGD`'s step, operation for operation (its single-tensor path: dampening
@@ -302,10 +353,10 @@ class SequentialExecutor:
                 grad = bufs[i]
             p.add_(grad, alpha=-self.lr)
 
-    def _momentum_of(self, task: LocalTask, bufs: list[torch.Tensor | None]) -> torch.Tensor | None:
+    def _momentum_of(self, task: LocalTask, bufs: list | dict) -> torch.Tensor | None:
         """The flat momentum buffer to hand back when the task brought one (None otherwise;
         with momentum 0 SGD leaves the task's buffer as it was)."""
-        if task.momentum is None:
+        if task.momentum is None or self.rule is not None:
             return None
         return torch.cat([b.reshape(-1) for b in bufs])
 

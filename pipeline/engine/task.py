@@ -8,6 +8,8 @@ on the CPU, batched on a GPU). Every algorithm of the papers fits this shape:
 - FedProx: plus a proximal pull (μ/2)‖w − w^t‖² towards the start
 - FedSoft: start and pull towards the client's mixture Σ_k u_ik θ_k
 - Fed-CAM: the frozen half of the additive model enters as fixed logits added to the output
+- Flash: early stopping after an epoch whose loss improved too little (`stop_gain`; the
+  sequential executor only)
 - FedCCFA: `stages` of decoupled training (classifier only on class-balanced samples; classifier
   only, then extractor only with a prototype-alignment term towards `class_anchors`), each with
   its own epochs and learning rate; the client also returns its class `prototypes`
@@ -76,6 +78,9 @@ class LocalTask:
     class_anchors: torch.Tensor | None = None  # (classes, D) alignment targets, NaN row: none
     prototypes: bool = False  # return the mean feature of each class after training
     rule: LocalRule | None = None  # a local training of its own (`pipeline.engine.rules`)
+    # early stopping (Flash): after epoch e ≥ 1 with more to go, the mean loss L_e on the task's
+    # samples; stop when L_{e−1} − L_e < stop_gain / e (L_0 = ∞); 0: every epoch runs
+    stop_gain: float = 0.0
 
 
 Job = tuple[LocalTask, torch.Tensor, torch.Tensor, int]  # (task, images, labels, seed)

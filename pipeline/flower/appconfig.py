@@ -45,7 +45,7 @@ def check_config(config: TrainConfig) -> None:
             "to stay on its node); set train.persistent_momentum: false"
         )
     cls = ALGORITHMS.get(config.algorithm)
-    if cls.needs_sequential:
+    if cls.own_training:
         raise FedrcError(
             f"train.algorithm: {config.algorithm} {cls.local_training}, which the Flower "
             "messages do not carry yet; run it with fedrc train or torchrun"

@@ -123,7 +123,7 @@ def answer_steps(
     state: RecordDict,
 ):
     """Each client's E-step and local trainings here; up go the uploads and trained models."""
-    models, clients = wire.read_steps_request(content, algorithm.Step)
+    models, clients, executor.lr = wire.read_steps_request(content, algorithm.Step)
     device, data = executor.device, node.data
     models = models.to(device)
     results = []
@@ -190,7 +190,7 @@ def answer_logits(node: NodeData, executor: SequentialExecutor, content: wire.Re
 
 def answer_train(node: NodeData, executor: SequentialExecutor, content: wire.RecordDict):
     """The client's tasks through the node's executor (batched on a GPU, one by one on a CPU)."""
-    jobs = wire.read_train_request(content)
+    jobs, executor.lr = wire.read_train_request(content)
     device, work = executor.device, []
     for job in jobs:
         local, task = node.rows(job.rows), job.task

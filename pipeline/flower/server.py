@@ -345,7 +345,11 @@ class RemoteExecutor(SequentialExecutor):
             batches[-1].append(job)
         batches = [(node, batch) for node, batch_list in by_node.items() for batch in batch_list]
         requests = [
-            (node, wire.TRAIN, wire.train_request([wire.TrainJob(t, r, s) for t, r, _, s in batch]))
+            (
+                node,
+                wire.TRAIN,
+                wire.train_request([wire.TrainJob(t, r, s) for t, r, _, s in batch], self.lr),
+            )
             for node, batch in batches
         ]
         batch_of = {id(request[2]): batch for request, (_, batch) in zip(requests, batches)}
@@ -387,7 +391,8 @@ class RemoteClients(LocalClients):
                     (c, work.steps[c], data.images[data.train_slices[c]], work.seeds[c])
                     for c in batch
                 ]
-                requests.append((node, wire.STEPS, wire.steps_request(models, parts)))
+                request = wire.steps_request(models, parts, self.executor.lr)
+                requests.append((node, wire.STEPS, request))
         for _, content in self.executor.nodes.exchange(requests, "local training"):
             error = wire.failed(content)
             if error is not None:  # a diverged training (`exchange` raised any other error)

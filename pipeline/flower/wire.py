@@ -148,10 +148,11 @@ def take_step(record: ArrayRecord, config: ConfigRecord, prefix: str, step_class
 
 
 def steps_request(
-    models: torch.Tensor, clients: list[tuple[int, ClientStep, torch.Tensor, int]]
+    models: torch.Tensor, clients: list[tuple[int, ClientStep, torch.Tensor, int]], lr: float
 ) -> RecordDict:
-    """Per client: its step, its global training rows and its batches' seed."""
-    tensors, config = {"models": models}, {"clients": len(clients)}
+    """Per client: its step, its global training rows and its batches' seed; the round's
+    local learning rate."""
+    tensors, config = {"models": models}, {"clients": len(clients), "lr": float(lr)}
     for i, (client, step, rows, seed) in enumerate(clients):
         tensors[f"{i}.rows"] = rows
         config.update({f"{i}.client": client, f"{i}.seed": int(seed)})
@@ -160,14 +161,14 @@ def steps_request(
 
 
 def read_steps_request(content: RecordDict, step_class: type[ClientStep]):
-    """(models, [(client, step, rows, seed)])."""
+    """(models, [(client, step, rows, seed)], lr)."""
     record, config = content.array_records["request"], content.config_records["config"]
     clients = []
     for i in range(int(config["clients"])):
         step = take_step(record, config, f"{i}.step.", step_class)
         rows = tensor(record, f"{i}.rows")
         clients.append((int(config[f"{i}.client"]), step, rows, int(config[f"{i}.seed"])))
-    return tensor(record, "models"), clients
+    return tensor(record, "models"), clients, float(config["lr"])
 
 
 def steps_reply(
@@ -299,10 +300,11 @@ class TrainJob:
     seed: int
 
 
-def train_request(jobs: list[TrainJob]) -> RecordDict:
+def train_request(jobs: list[TrainJob], lr: float) -> RecordDict:
+    """The tasks (a vector two tasks share travels once) and the round's learning rate."""
     vectors: dict[tuple[int, int, int], int] = {}  # (storage, offset, length) → position
     tensors: dict[str, torch.Tensor] = {}
-    config: dict[str, int | float | str] = {"tasks": len(jobs)}
+    config: dict[str, int | float | str] = {"tasks": len(jobs), "lr": float(lr)}
 
     def shared(vector: torch.Tensor | None) -> int:
         if vector is None:
@@ -330,12 +332,14 @@ def train_request(jobs: list[TrainJob]) -> RecordDict:
                 f"{i}.mu": float(task.mu),
                 f"{i}.weight": float(task.weight),
                 f"{i}.seed": int(job.seed),
+                f"{i}.stop_gain": float(task.stop_gain),
             }
         )
     return RecordDict({"tasks": arrays(**tensors), "config": ConfigRecord(config)})
 
 
-def read_train_request(content: RecordDict) -> list[TrainJob]:
+def read_train_request(content: RecordDict) -> tuple[list[TrainJob], float]:
+    """The tasks and the round's learning rate."""
     record, config = content.array_records["tasks"], content.config_records["config"]
 
     def vector(position: int) -> torch.Tensor | None:
@@ -352,10 +356,11 @@ def read_train_request(content: RecordDict) -> list[TrainJob]:
             anchor=vector(int(config[f"{i}.anchor"])),
             mu=float(config[f"{i}.mu"]),
             offset=offset,
+            stop_gain=float(config[f"{i}.stop_gain"]),
         )
         task.client = int(config[f"{i}.client"])
         jobs.append(TrainJob(task, tensor(record, f"{i}.rows"), int(config[f"{i}.seed"])))
-    return jobs
+    return jobs, float(config["lr"])
 
 
 def train_reply(results: list[LocalResult]) -> RecordDict:

@@ -212,7 +212,7 @@ def _finish(values: dict[str, Any], collected: _Collected, name: str) -> TrainCo
     config = TrainConfig(**values, settings=collected.built())
     refuse_non_finite(config, name)
     config.validate()
-    return config
+    return config.fixed()
 
 
 def from_values(values: dict[str, Any], where: str = "train", strict: bool = False) -> TrainConfig:

@@ -37,7 +37,8 @@ ClientsFactory = Callable[[SequentialExecutor], LocalClients]
 
 
 def sgd_options(config: TrainConfig) -> dict[str, Any]:
-    """The local SGD settings (and the precision) every executor takes."""
+    """The local optimizer's settings (and the precision) every executor takes; `lr` is the
+    first round's, which the round loop replaces when a schedule moves it."""
     return dict(
         lr=config.lr,
         momentum=config.momentum,
@@ -46,6 +47,9 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
         local_epochs=config.local_epochs,
         drop_last=config.drop_last,
         precision=config.precision,
+        optimizer=config.optimizer,
+        betas=(config.local_beta1, config.local_beta2),
+        eps=config.local_eps,
     )
 
 
@@ -63,7 +67,7 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks, rules) gets the plain loop under `auto` and refuses `batched`."""
+    staged tasks, rules, early stopping) gets the plain loop under `auto` and refuses `batched`."""
     cls = ALGORITHMS.get(config.algorithm)
     sequential_only = cls.needs_sequential
     if sequential_only and config.executor == "batched":

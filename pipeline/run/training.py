@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import ClientStep, Memory, Upload, sample_predictions
 from pipeline.algorithms.settings import CAMSettings
 from pipeline.common.checks import require_finite
@@ -43,6 +44,7 @@ from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_ru
 from pipeline.run.clients import ClientWork, LocalClients
 from pipeline.run.folder import open_run_dir
 from pipeline.run.log import RunLog
+from pipeline.run.schedule import scheduled_lr
 from pipeline.run.setup import (
     ClientsFactory,
     ExecutorFactory,
@@ -91,6 +93,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     if algorithm.wants_true_concepts():  # an oracle setting asked for the benchmark's truth
         algorithm.true_concepts(data.manifest.concepts, [c.concept for c in data.clients])
     algorithm.begin_round(run.models)
+    lr = run.executor.lr = algorithm.local_lr(scheduled_lr(config, round_))  # every place
     algorithm.plan_round(sampled)
     wanted = algorithm.wants_statistics(sampled)
     if wanted:
@@ -121,6 +124,8 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     seen = sum(sizes.values()) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
     row.update(Traffic.row(traffic))
+    if config.lr_schedule != "constant" or type(algorithm).local_lr is not Algorithm.local_lr:
+        row["lr"] = lr  # the round's local learning rate, in a run where it moves
     return {**row, **algorithm.round_info()}
 
 
@@ -281,10 +286,11 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
             run.traffic.up([result.params, result.prototypes])  # the trained model goes up
             loss_sum += result.loss_sum
     except NonFiniteLoss as e:
-        task = e.job[0]
+        task, lr = e.job[0], run.executor.lr
+        now = f"now {run.config.lr}" + (f"; this round {lr:.4g}" if lr != run.config.lr else "")
         error = (
             f"round {round_}, client {task.client}, model {task.model}: {e} — training "
-            f"diverged; {run.algorithm.divergence_hint()}"
+            f"diverged; {run.algorithm.divergence_hint(now)}"
         )
     failed = next((e for e in run.comm.all_gather_object(error) if e is not None), None)
     if failed is not None:
@@ -301,6 +307,20 @@ def warn_no_clusters(config: TrainConfig, settings: object) -> None:
                 f"warmup_rounds: {settings.warmup_rounds} of the run's {config.rounds} rounds: "
                 f"the clusters never form and {config.algorithm} trains the global model alone; "
                 "set --set warmup_rounds=N below train.rounds (the paper: 30 of 100)"
+            ),
+            stacklevel=2,
+        )
+
+
+def warn_server_step(config: TrainConfig) -> None:
+    """An adaptive server optimizer at η_g = 1: FedOpt moves every coordinate by up to about
+    η_g a round, whatever its update, which the models do not survive."""
+    if config.server_opt != "sgd" and config.server_lr >= 1:
+        warnings.warn(
+            FedrcWarning(
+                f"server_lr: {config.server_lr:g} with server_opt {config.server_opt} moves "
+                "every parameter by up to about that much a round; FedOpt's paper tunes it "
+                "between 1e-3 and 1 (e.g. --server-lr 0.01)"
             ),
             stacklevel=2,
         )
@@ -445,6 +465,7 @@ def open_run(
     if comm.is_main:
         warn_spare_models(run, config.data)
         warn_no_clusters(config, run.algorithm.settings)
+        warn_server_step(config)
     progress = resume_run(run, out, wanted) if resume else Progress()
     log = RunLog(run, out, digest)
     opened.callback(log.close)

@@ -219,3 +219,20 @@ def test_drift_checks_and_merges_send_per_model_scores_only(
     and while FedDrift's merge is due, K loss sums and N_i."""
     merges = {"sums", "size"} if algorithm == "feddrift" else set()
     assert check_run(drifting, algorithm, tmp_path) == UPLOADS[algorithm] | merges
+
+
+@pytest.mark.parametrize("algorithm", ["ifca", "fedsoft"])
+def test_the_rounds_rate_and_the_optimizers_reach_the_nodes(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """FedAdam on the server, AdamW on the nodes, a rate halved every round: the Flower run has
+    `fedrc train`'s numbers, through a client part (IFCA: the rate in the steps request) and
+    through the fallback (FedSoft: in each training request)."""
+    values = dict(server_opt="adam", server_lr=0.01, optimizer="adamw", weight_decay=0.01,
+                  lr_schedule="step", lr_step_rounds=1, lr_gamma=0.5)  # fmt: skip
+    config = flower_config(tiny_data, algorithm, tmp_path / "flower", **values)
+    grid = RecordingGrid({101 + i: c for i, c in enumerate(node_configs(tiny_data))},
+                         run_config(config))  # fmt: skip
+    out = serve(grid, config, Deployment(wait=5, timeout=30), resume=False, overwrite=False)
+    single = flower_config(tiny_data, algorithm, tmp_path / "single", **values)
+    assert_same_run(reference(single), out)
