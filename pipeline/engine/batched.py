@@ -286,10 +286,10 @@ class BatchedExecutor(SequentialExecutor):
         batches, sizes, masking); task t trains with the batch size, epochs and SGD numbers of
         `owners[t]`, an executor of the same model (itself, or another run's in a cohort)."""
         tasks = [job[0] for job in jobs]
-        if any(t.stages or t.prototypes or t.stop_gain for t in tasks):  # `needs_sequential`
-            raise ValueError(
-                "the batched executor runs neither staged tasks (LocalTask.stages) nor early "
-                "stopping (LocalTask.stop_gain)"
+        if any(t.stages or t.prototypes or t.rule is not None or t.stop_gain for t in tasks):
+            raise ValueError(  # `needs_sequential`
+                "the batched executor runs neither staged tasks (LocalTask.stages), rules "
+                "(LocalTask.rule) nor early stopping (LocalTask.stop_gain)"
             )
         pool = self._pool(jobs)
         steps, mask = self._schedule(jobs, owners)
