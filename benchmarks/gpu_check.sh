@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/gpu_check.sh --budget-min 45 --data-root DIR --pack OUT.tar.gz
 #   bash benchmarks/gpu_check.sh --continue --data-root DIR --pack OUT.tar.gz
-#   bash benchmarks/gpu_check.sh --dry-run --budget-min 8   # every step at toy size on the CPU
+#   bash benchmarks/gpu_check.sh --dry-run --budget-min 10   # every step at toy size on the CPU
 #
 # The dry run (CI) runs the check three times into a temporary folder, on three algorithms ×
 # two seeds: stopped after 2 trials, continued on the "same machine" (checkpoints resumed) and

@@ -40,6 +40,7 @@ RESUMABLE = (
     "device",
     "executor",
     "chunk_clients",
+    "compile",
     "checkpoint_every",
     "log",
 )
@@ -89,7 +90,7 @@ class TrainConfig:
             "lr_period",
         ),
         "Evaluation and checkpoints": ("eval_every", "checkpoint_every", "log"),
-        "Execution": ("device", "executor", "chunk_clients", "precision"),
+        "Execution": ("device", "executor", "chunk_clients", "precision", "compile"),
     }
 
     # Run
@@ -188,6 +189,11 @@ class TrainConfig:
         "fp32",
         "fp32, or bf16: forward passes (training, E-step, evaluation) under bfloat16 autocast "
         "on the CPU or CUDA; weights, optimizer state and aggregation stay fp32.",
+    )
+    compile: bool = option(
+        False,
+        "Batched: the local step under torch.compile, compiled once per batch shape (CUDA "
+        "graphs on CUDA); the same numbers up to float rounding.",
     )
 
     # The algorithm's and the model's own settings (`pipeline.run.resolve`)
