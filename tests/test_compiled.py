@@ -72,7 +72,11 @@ def test_shapes_past_the_limit_run_eagerly_with_batchnorm() -> None:
     assert len(caught) == 1 and len(compiled.compiled.keys) == 1
 
 
-def test_compile_needs_the_batched_executor() -> None:
+def test_compile_needs_the_batched_executor_and_sgd() -> None:
     config = make_config(executor="sequential", compile=True, device="cpu")
-    with pytest.raises(FedrcError, match=r"^train\.compile: "):
+    with pytest.raises(FedrcError, match=r"^train\.compile: .* sequential"):
         make_executor(config, None, torch.device("cpu"))
+    with pytest.raises(FedrcError, match=r"^train\.compile: compiles SGD's local step only"):
+        make_config(executor="batched", compile=True, optimizer="adam")
+    with pytest.raises(ValueError, match="compile: compiles SGD's step, not adamw's"):
+        pair(cnn, optimizer="adamw")

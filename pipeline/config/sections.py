@@ -264,6 +264,12 @@ class TrainConfig:
                 "fresh at each local training (set persistent_momentum: false)"
             )
         _require(ls in SCHEDULES, f"{t}.lr_schedule", f"one of {SCHEDULES}", ls)
+        if self.compile and op != "sgd":
+            raise FedrcError(
+                f"{t}.compile: compiles SGD's local step only; {op}'s update divides by √v, "
+                "where compiled rounding of near-zero gradients moves weights by up to lr "
+                "(set compile: false)"
+            )
         rs = self.lr_step_rounds
         _require(rs >= 1, f"{t}.lr_step_rounds", "an integer >= 1", rs)
         _require(0 < self.lr_gamma <= 1, f"{t}.lr_gamma", "a number in (0, 1]", self.lr_gamma)

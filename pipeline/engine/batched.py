@@ -36,8 +36,8 @@ How the tasks are kept apart (one computation for many small trainings is what a
 - Precision. `precision="bf16"` runs the vmapped forward passes and losses under bfloat16
   autocast, on CUDA or the CPU, as the sequential executor does; the parameters, gradients,
   momentum and the update stay float32.
-- Compilation. With `compile=True` each global step (the groups' forward passes, the gradient
-  and SGD's update; Adam's gradient) runs under `torch.compile`, once per batch shape
+- Compilation. With `compile=True` each global step of SGD (the groups' forward passes, the
+  gradient and the update) runs under `torch.compile`, once per batch shape
   (`pipeline.engine.compiled`); the step takes and returns new tensors, so that on CUDA it can
   be one CUDA graph. Its numbers equal the eager step's up to float rounding.
 
@@ -155,10 +155,11 @@ class BatchedExecutor(SequentialExecutor):
         self.conv = conv_path(conv, device)
         # the module that vmap runs: the model, or its copy whose convolutions take im2col
         self.vmapped = with_im2col(self.model) if self.conv == "im2col" else self.model
-        # the step, compiled once per batch shape: SGD's whole step, or Adam's gradients
+        # SGD's step, compiled once per batch shape
+        if compile and self.rule is not None:
+            raise ValueError(f"compile: compiles SGD's step, not {optimizer}'s")
         self.compile = compile
-        self.step = self._step if self.rule is None else self._gradients
-        self.compiled = CompiledStep(self.step, device) if compile else None
+        self.compiled = CompiledStep(self._step, device) if compile else None
         self.compiled_chunk: int | None = None  # `chunk_size` when compiled
 
     # --- stacked flat vectors ↔ dictionaries of stacked tensors ---------------------------
@@ -336,7 +337,7 @@ class BatchedExecutor(SequentialExecutor):
                 args = (params, buffers, batches, total, bufs, anchors, mus, masked, rates)
                 params, buffers, bufs, total = self._run(key, *args)
             else:  # every task still training takes its step j + 1 (a task stops, never pauses)
-                grads, buffers, total = self._run(key, params, buffers, batches, total)
+                grads, buffers, total = self._gradients(params, buffers, batches, total)
                 params, bufs = self._adam(params, grads, bufs, anchors, mus, masked, j + 1)
         _raise_if_not_finite(total)  # one check per chunk, not per step
         return self._results(tasks, params, buffers, bufs, total, owners)
@@ -404,8 +405,8 @@ class BatchedExecutor(SequentialExecutor):
         return Batch(ids, pool.images[rows], pool.labels[rows], pool.weights[cols], offsets)
 
     def _run(self, key: tuple, *args):
-        """`self.step(*args)`, compiled for `key` (the step's shapes) when `compile` is on."""
-        return self.step(*args) if self.compiled is None else self.compiled(key, *args)
+        """`_step(*args)`, compiled for `key` (the step's shapes) when `compile` is on."""
+        return self._step(*args) if self.compiled is None else self.compiled(key, *args)
 
     def _step(self, params, buffers, batches, total, bufs, anchors, mus, mask, rates):
         """One global step of SGD for every task: the gradients (`_gradients`), then `_sgd`.

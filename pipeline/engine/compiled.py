@@ -1,11 +1,11 @@
 """The batched executor's local step under `torch.compile` (issue 41, `train.compile`).
 
-The step (every group's vmapped forward pass, `torch.autograd.grad` and SGD's update on the
-stacked tensors) is one Python function; compiled, inductor fuses its small operations into a
-few kernels and, on CUDA (`mode="reduce-overhead"`), replays them as one CUDA graph: one launch
-a step instead of hundreds. Where torch traces `torch.autograd.grad` (`trace_autograd_ops`,
-newer torch) the step is one graph; elsewhere it breaks there into the forward graph (whose
-backward AOTAutograd compiles too) and the update's, with the same numbers.
+The step of local SGD (every group's vmapped forward pass, `torch.autograd.grad` and the
+update on the stacked tensors) is one Python function; compiled, inductor fuses its small
+operations into a few kernels and, on CUDA (`mode="reduce-overhead"`), replays them as one CUDA
+graph: one launch a step instead of hundreds. Where torch traces `torch.autograd.grad`
+(`trace_autograd_ops`, newer torch) the step is one graph; elsewhere it breaks there into the
+forward graph (whose backward AOTAutograd compiles too) and the update's, with the same numbers.
 
 Shapes are static (`dynamic=False`): each batch shape of a step (the chunk's tasks, each
 group's tasks and batch length, which optional tensors are present) compiles once. A run whose
