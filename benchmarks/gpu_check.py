@@ -1,7 +1,9 @@
 """The GPU check, in priority order within a time budget: the tests marked cuda, the speed rows,
 then the paper-scale FMNIST matrix of experiments/fmnist (300 clients, 200 rounds, profile:
-reference, K = 3): FedRC (and FedRC-FT from its run), FedEM, FedAvg, FeSEM, IFCA, CFL(3),
-FedSoft, seed 0 of every algorithm before seeds 1 and 2. `benchmarks/gpu_check.sh` runs it.
+reference, K = 3) under the fair protocol: FedRC (and FedRC-FT from its run), FedEM, FedAvg,
+FeSEM, IFCA, CFL(3), FedSoft at every lr of the paper's grid and seeds 0, 1, 2, and the
+baselines as their authors released them (`benchmarks/gpu_plan.py` has the order).
+`benchmarks/gpu_check.sh` runs it; `--list` prints what is left, in order, with its time.
 
 Each invocation stops by itself before `--slice-min` (a GPU machine runs one command for at most
 10 minutes): a training that cannot reach its next checkpoint in time gets SIGTERM and keeps
@@ -24,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks import gpu_plan as gp
 from benchmarks import gpu_results as gr
 from benchmarks import gpu_trials as gt
 from pipeline.common.errors import FedrcError
@@ -109,10 +112,11 @@ class Check:
         self.py = os.environ.get("PYTHON", sys.executable)
         self.results, self.work = Path(args.results).resolve(), Path(args.work).resolve()
         self.data = self.work / "data" / "federated"
-        self.plan = {
+        self.plan = gp.plan_of({
             "dry_run": args.dry_run, "device": self.sizes.device, "clients": self.sizes.clients,
             "rounds": self.sizes.rounds, "seeds": args.seeds, "algorithms": self.algorithms(),
-        }  # fmt: skip
+        }, args.lrs, not args.no_released)  # fmt: skip
+        self.notes: list[str] = []
         self.state = self.open_state()
         self.began, self.began_wall = time.monotonic(), time.time()
         self.spent_before = self.state.spent_s
@@ -121,19 +125,24 @@ class Check:
         threads = "1" if args.dry_run else str(max(1, (os.cpu_count() or 2) // args.max_parallel))
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         self.env.setdefault("OMP_NUM_THREADS", threads)
-        self.notes: list[str] = []
         self.kept = self.unreported = 0  # trials kept in this invocation, and since the report
 
     def open_state(self) -> gr.State:
         args = self.args
         budget = args.budget_min * 60 if args.budget_min is not None else None
-        if args.continue_:
+        if args.list and not (self.results / gr.STATE).exists():
+            return gr.State(plan=self.plan, budget_s=budget or 45 * 60)
+        if args.continue_ or args.list:
             state = gr.read_state(self.results)
             if state.plan != self.plan:
-                raise FedrcError(
-                    f"--continue: {self.results / gr.STATE} holds another plan ({state.plan}); "
-                    "give the same --seeds, --algorithms and --dry-run, or another --results"
-                )
+                if not gp.upgrade(state.plan, self.plan, self.results / "runs"):
+                    raise FedrcError(
+                        f"--continue: {self.results / gr.STATE} holds another plan "
+                        f"({state.plan}); give the same --seeds, --algorithms, --lrs, "
+                        "--no-released and --dry-run, or another --results"
+                    )
+                state.plan = self.plan  # the first plan's runs are its lr-0.1 trials
+                self.notes.append(f"plan upgraded to version {gp.VERSION} (the lr grid)")
             state.budget_s = budget if budget is not None else state.budget_s
             return state
         if (self.results / gr.STATE).exists():
@@ -216,7 +225,32 @@ class Check:
         return [a for a in ORDER if a in self.args.algorithms]  # in the issue's order
 
     def trials(self) -> list[gt.Trial]:
-        return [gt.Trial(a, s, a in FINETUNED) for s in self.args.seeds for a in self.algorithms()]
+        args = self.args
+        released = not args.no_released
+        return gp.grid(self.algorithms(), args.seeds, args.lrs, released, set(FINETUNED))
+
+    def settled(self, trial: gt.Trial) -> bool:
+        """Done or given up, under its name or its first-plan name."""
+        return self.state.settled(trial.name) or (
+            trial.legacy is not None and self.state.settled(trial.legacy)
+        )
+
+    def pending(self, running: list[gt.Job] = ()) -> list[gt.Trial]:
+        """The trials left, best first (`gpu_plan`'s order, from what is in now)."""
+        busy = {j.trial.name for j in running}
+        trials = self.trials()
+        settled = {*self.state.done, *self.state.failed}
+        chosen = gp.picks(trials, settled, self.results / "runs", self.args.seeds[0])
+        slow = {a for a in self.algorithms() if self.too_long(a)}
+        left = [t for t in trials if not self.settled(t) and t.name not in busy]
+        return sorted(left, key=lambda t: gp.priority(
+            t, chosen, self.args.seeds[0], self.args.lrs, self.algorithms(), slow
+        ))  # fmt: skip
+
+    def too_long(self, algorithm: str) -> bool:
+        """A run of it cannot finish within one command (FedSoft at paper scale)."""
+        spr = self.estimate(algorithm)
+        return spr is not None and self.sizes.rounds * spr > self.args.slice_min * 60
 
     def job(self, trial: gt.Trial) -> gt.Job:
         def train_argv(resume: bool, every: int) -> list[str]:
@@ -230,7 +264,8 @@ class Check:
                 return [*argv, "--resume"]
             return [*argv, "--params", str(PARAMS), "--algorithm", trial.algorithm, "--seed",
                     str(trial.seed), "--data", "data/federated", "--rounds",
-                    str(self.sizes.rounds), "--overwrite"]  # fmt: skip
+                    str(self.sizes.rounds), "--lr", str(trial.lr), "--overwrite",
+                    *(["--profile", "released"] if trial.released else [])]  # fmt: skip
 
         def eval_argv(run: str, finetune: bool) -> list[str]:
             return self.fedrc("eval", "--params", str(PARAMS), "--run", run,
@@ -239,21 +274,28 @@ class Check:
         return gt.Job(trial, self.work, self.env, self.sizes.rounds, self.sizes.every,
                       train_argv, eval_argv)  # fmt: skip
 
+    def paces(self) -> dict[str, float]:
+        """Seconds per round per algorithm: measured by the check, else by the kept runs
+        themselves (read again only when a run was kept)."""
+        key = (len(self.state.done), tuple(sorted(self.state.seconds_per_round.items())))
+        if getattr(self, "_paces", (None,))[0] != key:
+            runs = self.results / "runs"
+            self._paces = (key, gp.seconds_per_round(self.state.seconds_per_round, runs))
+        return self._paces[1]
+
     def estimate(self, algorithm: str) -> float | None:
-        measured = self.state.seconds_per_round
+        measured = self.paces()
         return measured.get(algorithm) or (max(measured.values()) if measured else None)
 
     def matrix(self) -> None:
-        order = {t.name: i for i, t in enumerate(self.trials())}
-        queue = [t for t in self.trials() if not self.state.settled(t.name)]
-        if not queue or not self.partition():
+        if not self.pending() or not self.partition():
             return
         arrangement = self.state.arrangement
         probe = None if arrangement else Probe(self)
         limit = arrangement["trials"] if arrangement else 1
         running: list[gt.Job] = []
         last_report = time.monotonic()
-        while queue or running:
+        while (queue := self.pending(running)) or running:
             now = time.monotonic()
             stopping = now >= self.deadline or self.stop_asked(running)
             training = sum(j.phase == "train" for j in running)
@@ -263,9 +305,7 @@ class Check:
                 if outcome is None:
                     continue
                 running.remove(job)
-                if outcome == "again":
-                    queue.append(job.trial)
-                    queue.sort(key=lambda t: order[t.name])
+                queue = self.pending(running)  # a stopped trial is pending again; picks move
             if probe is not None and (decided := probe.update(running)) is not None:
                 limit, probe = decided, None
             if stopping:
@@ -283,8 +323,10 @@ class Check:
             if stopping and not running:
                 break
             time.sleep(self.sizes.poll_s)
-        if queue:
-            self.note(f"not reached in this invocation: {', '.join(t.name for t in queue)}")
+        if left := self.pending():
+            shown = ", ".join(t.name for t in left[:12]) + (f" and {len(left) - 12} more"
+                                                            if len(left) > 12 else "")  # fmt: skip
+            self.note(f"not reached in this invocation: {shown}")
 
     def stop_asked(self, running: list[gt.Job]) -> bool:
         """`--stop-after N`: N trials kept and every running training past a checkpoint of
@@ -380,6 +422,24 @@ class Check:
         self.note(f"fedrc report: {'report/report.md' if code == 0 else log.read_text()[-300:]}")
         return True
 
+    def listing(self) -> list[str]:
+        """The trials left in the order they will run, each with its estimated minutes (the
+        measured seconds per round × rounds, plus `gpu_plan.OVERHEAD_S`) and the running sum."""
+        spr, settled = self.paces(), {*self.state.done, *self.state.failed}
+        chosen = gp.picks(self.trials(), settled, self.results / "runs", self.args.seeds[0])
+        picked = ", ".join(
+            f"{a}{' as released' * r} {lr:g}" for (a, r), lr in sorted(chosen.items())
+        )
+        lines = [f"lr picked on seed {self.args.seeds[0]}: {picked or 'none yet'}", "",
+                 "| # | trial | minutes | minutes in all |", "|---:|---|---:|---:|"]  # fmt: skip
+        total = 0.0
+        for i, trial in enumerate(self.pending(), 1):
+            seconds = gp.estimate_s(trial, self.sizes.rounds, spr)
+            total += seconds or 0.0
+            shown = "?" if seconds is None else f"{seconds / 60:.1f}"
+            lines.append(f"| {i} | {trial.name} | {shown} | {total / 60:.1f} |")
+        return lines
+
 
 class Probe:
     """Decides how many trials run at once: the first trial alone for a few rounds (its speed,
@@ -465,10 +525,9 @@ def run(args: argparse.Namespace) -> int:
         check.matrix()
     check.report()
     check.save()
-    steps = [s for s, *_ in check.sizes.fixed_steps(check.py, check.data)] + [
-        t.name for t in check.trials()
-    ]
-    left = [s for s in steps if not check.state.settled(s)]
+    fixed = [s for s, *_ in check.sizes.fixed_steps(check.py, check.data)]
+    steps = fixed + [t.name for t in check.trials()]
+    left = [s for s in fixed if not check.state.settled(s)] + [t.name for t in check.pending()]
     seconds = time.monotonic() - check.began
     when = datetime.datetime.fromtimestamp(check.began_wall).isoformat(timespec="seconds")
     gr.add_text(check.results, "sessions.md",
@@ -479,12 +538,13 @@ def run(args: argparse.Namespace) -> int:
         count = gr.pack(check.results, check.began_wall - 1, Path(args.pack))
         print(f"packed {count} files into {args.pack}")
     done = len(steps) - len(left)
+    print(check.listing()[0])  # the lrs picked so far
     print(
         f"done: {done} of {len(steps)} steps; failed: {sorted(check.state.failed) or 'none'}; "
         f"spent {check.state.spent_s / 60:.1f} of {check.state.budget_s / 60:.0f} min"
     )
     if left:
-        print(f"left: {', '.join(left)}; go on with --continue --results {args.results}")
+        print(f"left: {len(left)} steps; go on with --continue --results {args.results}")
     return 1 if args.require_done and left else 0
 
 
@@ -508,6 +568,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=list(ORDER), choices=ORDER,
                         help="a part of the matrix (run in the order fedrc, fedem, fedavg, "
                         "fesem, ifca, cfl, fedsoft)")  # fmt: skip
+    parser.add_argument("--lrs", type=float, nargs="+", default=list(gp.LRS),
+                        help="the lr grid, in the order the first seed runs it")  # fmt: skip
+    parser.add_argument("--no-released", action="store_true",
+                        help="leave out the baselines as their authors released them")  # fmt: skip
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the trials left, in order, with their time; run nothing",
+    )
     parser.add_argument("--max-parallel", type=int, default=4, help="most trials at once")
     parser.add_argument("--pack", help="write the results files of this invocation to a .tar.gz")
     parser.add_argument(
@@ -523,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
         print("Error: --budget-min and --slice-min must be > 0", file=sys.stderr)
         return 2
     try:
+        if args.list:
+            print("\n".join(Check(args).listing()))
+            return 0
         return run(args)
     except FedrcError as e:
         print(f"Error: {e}", file=sys.stderr)

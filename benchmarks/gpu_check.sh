@@ -7,12 +7,14 @@
 #
 #   bash benchmarks/gpu_check.sh --budget-min 45 --data-root DIR --pack OUT.tar.gz
 #   bash benchmarks/gpu_check.sh --continue --data-root DIR --pack OUT.tar.gz
-#   bash benchmarks/gpu_check.sh --dry-run --budget-min 10   # every step at toy size on the CPU
+#   bash benchmarks/gpu_check.sh --dry-run --budget-min 12   # every step at toy size on the CPU
 #
-# The dry run (CI) runs the check three times into a temporary folder, on three algorithms ×
-# two seeds: stopped after 2 trials, continued on the "same machine" (checkpoints resumed) and
-# stopped after 2 more, then continued on a "fresh machine" (work folder gone) to the end. PYTHON (default python3) runs everything
-# with PYTHONPATH=., so a machine without fedrc installed (but with its dependencies) can run it.
+# The dry run (CI) runs the check three times into a temporary folder, on FedRC, IFCA and IFCA as
+# released × lrs 0.1 and 0.03 × two seeds (the second seed at the lr the first picked, then at
+# the other): stopped after 2 trials, continued on the "same machine" (checkpoints resumed) and
+# stopped after 2 more, then continued on a "fresh machine" (work folder gone) to the end.
+# PYTHON (default python3) runs everything with PYTHONPATH=., so a machine without fedrc
+# installed (but with its dependencies) can run it.
 set -euo pipefail
 py=${PYTHON:-python3}
 case $py in /*) ;; */*) py=$PWD/$py ;; esac  # the children run in other folders
@@ -26,7 +28,8 @@ fi
 shift
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-dry=(--dry-run --seeds 0 1 --algorithms fedrc fedavg ifca --results "$tmp/results" --work "$tmp/work")
+dry=(--dry-run --seeds 0 1 --algorithms fedrc ifca --lrs 0.1 0.03 --results "$tmp/results"
+     --work "$tmp/work")
 "$py" benchmarks/gpu_check.py "${dry[@]}" --stop-after 2 "$@"
 echo "## --continue on the same machine"
 "$py" benchmarks/gpu_check.py "${dry[@]}" --continue --stop-after 2

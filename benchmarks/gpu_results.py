@@ -8,7 +8,7 @@ RESULTS/
   data/federated/manifest.json   the benchmark every run trained on (the report's cluster maps)
   runs/<algorithm>-s<seed>/      config.json, metrics.jsonl, assignments.parquet, eval.json,
                                  eval_clients.json and model.sha256 (model.pt stays behind)
-  report/               `fedrc report runs`: report.md, report.csv, report.png
+  report/               `fedrc report runs`: report.md, .csv, .tex, report.png, curves.png
 """
 
 from __future__ import annotations

@@ -113,21 +113,40 @@ class Round:
     count: int = 1
 
 
+LEGACY_LR = 0.1  # the first plan's runs, named without their lr, all trained at it
+
+
 @dataclass
 class Trial:
-    """One cell of the matrix; `finetune`: also FedRC-FT from this run."""
+    """One cell of the matrix: an algorithm, as its paper says or as its authors released it
+    (`released`: `--profile released`), at a learning rate and a seed; `finetune`: also
+    FedRC-FT from this run."""
 
     algorithm: str
     seed: int
     finetune: bool = False
+    lr: float = LEGACY_LR
+    released: bool = False
 
     @property
     def name(self) -> str:
+        variant = "-released" if self.released else ""
+        return f"{self.algorithm}{variant}-lr{self.lr:g}-s{self.seed}"
+
+    @property
+    def legacy(self) -> str | None:
+        """Its name in the first plan (no lr grid), where it had one."""
+        if self.released or self.lr != LEGACY_LR:
+            return None
         return f"{self.algorithm}-s{self.seed}"
+
+    def kept_name(self, settled: set[str]) -> str:
+        """The name its run was kept under: the legacy one for a first-plan run."""
+        return self.legacy if self.name not in settled and self.legacy in settled else self.name
 
     @property
     def ft_name(self) -> str:
-        return f"{self.algorithm}-ft-s{self.seed}"
+        return f"{self.algorithm}-ft-lr{self.lr:g}-s{self.seed}"
 
 
 @dataclass

@@ -5,6 +5,7 @@ It reads the built-ins' cards (paper or summary, settings), so only a plugin is 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from rich.console import Group
@@ -88,4 +89,23 @@ def settings_table(name: str, registry: Registry, card: Any) -> Group:
         table.add_row(item.name, kind, default, description(item))
     if not fields:
         table.add_row("(none)", "", "", "")
-    return Group(table)
+    return Group(table, *profile_lines(settings))
+
+
+def profile_lines(settings: type | None) -> list[str]:
+    """What each `train.profile` sets among the settings, one line a profile, and the values that
+    reproduce the authors' released code where it departs from the paper."""
+    profiles = getattr(settings, "profiles", None) or {}
+    released = getattr(settings, "released", None) or {}
+    lines = [
+        f"--profile {name} sets " + ", ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+        for name, values in profiles.items()
+        if not (released and values == released)
+    ]
+    if released:
+        sets = " ".join(f"--set {k}={json.dumps(v)}" for k, v in released.items())
+        port = "--profile released (with the reference local SGD), or " * (
+            profiles.get("released") == released
+        )
+        lines.append(f"as the authors released it: {port}{sets}")
+    return lines

@@ -3,6 +3,7 @@ that the script a GPU session runs first cannot rot where no GPU is lent."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,11 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # 4 to 7 minutes; .ci/run runs the dry run itself, this checks its output too
+@pytest.mark.slow  # 5 to 11 minutes; .ci/run runs the dry run itself, this checks its output too
 def test_gpu_check_dry_run_prints_every_table() -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "10"],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--budget-min", "12"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -35,8 +36,16 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
     assert "train from round 2" in out
     fresh = out[out.index("on a fresh machine") :]
-    assert "train from round 0" in fresh and "done: 15 of 15 steps; failed: none" in fresh
-    assert out.count("finetune") == 2 and "fedrc report: report/report.md" in out
+    assert "train from round 0" in fresh and "done: 21 of 21 steps; failed: none" in fresh
+    assert out.count(": finetune") == 4 and "fedrc report: report/report.md" in out
+    # the lr grid and IFCA as released: seed 1 starts at the lr seed 0 picked for each
+    found = re.findall(
+        r"lr picked on seed 0: fedrc (\S+), ifca (\S+), ifca as released (\S+)\n", out
+    )
+    assert found, out[-1500:]
+    for name, lr in zip(("fedrc", "ifca", "ifca-released"), found[-1]):
+        first = re.search(rf"^{name}-lr(\S+)-s1: train from", out, re.MULTILINE)
+        assert first and first.group(1) == lr
     assert out.rstrip().endswith("dry run: every step ran, --continue included")
 
 
@@ -218,3 +227,104 @@ def test_a_run_kept_without_its_model_still_reports(tiny_data: Path, tmp_path: P
     (kept / "model.sha256").unlink()
     gone = runner.invoke(app, ["report", str(kept), "--out", str(tmp_path / "c")])
     assert gone.exit_code == 2 and "is gone" in gone.output, gone.output
+
+
+# ---- the matrix under the fair protocol (benchmarks/gpu_plan.py) ---------------------------
+
+
+def kept(runs: Path, name: str, lr: float, train: float | None = None) -> None:
+    """A kept run's small files, as far as the plan reads them."""
+    (runs / name).mkdir(parents=True)
+    (runs / name / "config.json").write_text(
+        json.dumps({"algorithm": name.split("-")[0], "lr": lr})
+    )
+    if train is not None:
+        (runs / name / "eval.json").write_text(json.dumps({"train_accuracy": train}))
+
+
+def test_the_grid_has_every_lr_and_the_baselines_as_released() -> None:
+    from benchmarks.gpu_plan import grid, has_released
+
+    trials = grid(["fedrc", "fedavg", "ifca"], [0, 1], [0.1, 0.03], True, {"fedrc"})
+    names = {t.name for t in trials}
+    assert len(trials) == 2 * 2 * 4  # fedrc, fedavg, ifca, IFCA as released
+    assert "ifca-released-lr0.03-s1" in names and not any("fedavg-released" in n for n in names)
+    assert all(t.finetune == (t.algorithm == "fedrc") for t in trials)
+    legacy = {t.legacy for t in trials} - {None}
+    assert legacy == {"fedrc-s0", "fedrc-s1", "fedavg-s0", "fedavg-s1", "ifca-s0", "ifca-s1"}
+    table1 = ("fedavg", "ifca", "cfl", "fesem", "fedem", "fedrc", "fedsoft")
+    assert [a for a in table1 if has_released(a)] == ["ifca", "cfl", "fesem", "fedsoft"]
+
+
+def test_seed_0_runs_every_lr_then_the_other_seeds_at_its_pick(tmp_path: Path) -> None:
+    """IFCA's seed-0 runs: lr 0.1 (a first-plan run, `ifca-s0`) trains to 0.70, lr 0.03 to
+    0.80: the pick is 0.03, so seed 1 runs at 0.03 before 0.1. IFCA as released has no seed-0
+    run yet: no pick, its seed 1 waits with the rest. FedSoft, too slow for one command, last."""
+    from benchmarks.gpu_plan import grid, picks, priority
+
+    runs = tmp_path / "runs"
+    kept(runs, "ifca-s0", 0.1, 0.70)
+    kept(runs, "ifca-lr0.03-s0", 0.03, 0.80)
+    trials = grid(["ifca", "fedsoft"], [0, 1], [0.1, 0.03], True, set())
+    settled = {"ifca-s0", "ifca-lr0.03-s0"}
+    chosen = picks(trials, settled, runs, 0)
+    assert chosen == {("ifca", False): 0.03}
+    left = [t for t in trials if t.name not in settled and t.legacy not in settled]
+    order = ["ifca", "fedsoft"]
+    ranked = sorted(left, key=lambda t: priority(t, chosen, 0, [0.1, 0.03], order, {"fedsoft"}))
+    assert [t.name for t in ranked] == [
+        "ifca-released-lr0.1-s0", "ifca-released-lr0.03-s0",  # the rest of seed 0
+        "ifca-lr0.03-s1",  # seed 1 at the pick
+        "ifca-lr0.1-s1", "ifca-released-lr0.1-s1", "ifca-released-lr0.03-s1",
+        "fedsoft-lr0.1-s0", "fedsoft-released-lr0.1-s0", "fedsoft-lr0.03-s0",
+        "fedsoft-released-lr0.03-s0", "fedsoft-lr0.1-s1", "fedsoft-released-lr0.1-s1",
+        "fedsoft-lr0.03-s1", "fedsoft-released-lr0.03-s1",
+    ]  # fmt: skip
+
+
+def first_plan(results: Path, done: list[str]) -> list[str]:
+    """A first-plan (no lr grid) dry-run state over IFCA, seed 0; the check's --list args."""
+    from benchmarks.gpu_results import State, write_state
+
+    plan = {"dry_run": True, "device": "cpu", "clients": 6, "rounds": 4, "seeds": [0],
+            "algorithms": ["ifca"]}  # fmt: skip
+    write_state(results, State(plan=plan, budget_s=300.0, done=done))
+    return ["--dry-run", "--results", str(results), "--seeds", "0", "--algorithms", "ifca",
+            "--lrs", "0.1", "0.03", "--work", str(results.parent / "w")]  # fmt: skip
+
+
+def test_a_first_plan_state_goes_on_with_its_runs_as_the_lr_0_1_trials(
+    tmp_path: Path, capsys
+) -> None:
+    from benchmarks.gpu_check import main
+
+    results = tmp_path / "results"
+    kept(results / "runs", "ifca-s0", 0.1, 0.7)
+    args = first_plan(results, ["cuda-tests", "ifca-s0"])
+    assert main([*args, "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "lr picked on seed 0: none yet" in out  # IFCA's lr 0.03 is still to run
+    listed = re.findall(r"\| \d+ \| (\S+) \|", out)
+    assert listed == ["ifca-released-lr0.1-s0", "ifca-lr0.03-s0", "ifca-released-lr0.03-s0"]
+    (results / "runs" / "ifca-s0" / "config.json").write_text('{"lr": 0.06}')
+    assert main([*args, "--continue"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "ifca-s0/config.json: lr 0.06, not the first plan's 0.1" in err
+
+
+def test_the_gpu_results_of_the_first_plan_go_on_under_the_lr_grid(capsys) -> None:
+    """The committed results folder (begun under the first plan: seed 0 at lr 0.1) is continued,
+    not started over: its first-plan runs are this plan's correct lr-0.1 trials."""
+    from benchmarks.gpu_check import main
+    from benchmarks.gpu_plan import grid
+    from benchmarks.gpu_results import read_state
+
+    results = ROOT / "experiments" / "fmnist" / "results" / "gpu-300clients-200rounds"
+    assert main(["--list", "--results", str(results)]) == 0
+    listed = re.findall(r"\| \d+ \| (\S+) \|", capsys.readouterr().out)
+    table1 = ["fedrc", "fedem", "fedavg", "fesem", "ifca", "cfl", "fedsoft"]
+    names = {t.name for t in grid(table1, [0, 1, 2], [0.06, 0.1, 0.03, 0.01], True, set())}
+    assert len(set(listed)) == len(listed) and set(listed) <= names
+    first_plan = [m for n in read_state(results).done if (m := re.fullmatch(r"(\w+)-s(\d)", n))]
+    assert first_plan  # the six seed-0 runs of the first plan
+    assert not {f"{a}-lr0.1-s{s}" for a, s in (m.groups() for m in first_plan)} & set(listed)

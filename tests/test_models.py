@@ -51,3 +51,33 @@ def test_pretrained_weights_offline_is_one_clear_error(monkeypatch: pytest.Monke
         build_model((32, 32, 3), 10, "mobilenet_v2", TorchvisionSettings(pretrained=True))
     with pytest.raises(FedrcError, match=r"train\.resnet18\.pretrained: .*norm: group"):
         build_model((32, 32, 3), 10, "resnet18", TorchvisionSettings(pretrained=True, norm="group"))
+
+
+def test_the_authors_input_scaling_is_their_normalize_on_pixels_in_0_1() -> None:
+    """`cnn.normalize: [0.1307, 0.3081]` gives the network (p/255 − 0.1307)/0.3081, the FedRC
+    authors' torchvision Normalize, from the executors' p/127.5 − 1; null leaves it alone."""
+    from pipeline.engine.sequential import as_input
+    from pipeline.models import CNNSettings
+
+    torch.manual_seed(0)
+    plain = build_model((28, 28, 1), 10, "cnn")
+    authors = build_model((28, 28, 1), 10, "cnn", CNNSettings(normalize=[0.1307, 0.3081]))
+    authors.load_state_dict(plain.state_dict())
+    pixels = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    normalized = (pixels.float() / 255 - 0.1307) / 0.3081
+    torch.testing.assert_close(authors(as_input(pixels)), plain(normalized), rtol=1e-5, atol=1e-5)
+    assert torch.equal(plain(as_input(pixels)), plain.classifier(plain.features(as_input(pixels))))
+    state = [(k, v.shape) for k, v in authors.state_dict().items()]
+    assert state == [(k, v.shape) for k, v in plain.state_dict().items()]  # the same flat model
+
+
+def test_the_input_scaling_is_part_of_a_runs_identity() -> None:
+    from pipeline.run.resolve import make_config, recorded_identity
+
+    default = make_config().identity()
+    scaled = make_config(normalize=[0.1307, 0.3081]).identity()
+    assert default["cnn.normalize"] is None and scaled["cnn.normalize"] == [0.1307, 0.3081]
+    older = {k: v for k, v in default.items() if k != "cnn.normalize"}  # before the setting
+    assert recorded_identity(older, "checkpoint") == default
+    with pytest.raises(FedrcError, match=r"normalize: expected null or \[mean, std\]"):
+        make_config(normalize=[0.5])

@@ -1,14 +1,15 @@
-"""Why is IFCA so much better here than in the paper's Table 1? A probe, not a stage.
+"""Did a model of a hard-clustering run (IFCA, FeSEM) go without members, so that the FedRC
+authors' release (`--set zero_empty=true`, or `--profile released`) would zero it? A reader of
+finished run folders, not a stage.
 
-The FedRC authors' IFCA port sets a cluster model that no client chose this round to zero
-(protocol §2; fedrc keeps the previous model instead). A zeroed CNN is dead: every ReLU input is 0,
-so no gradient reaches its weights and it can only learn the last bias, i.e. a label prior.
-This script trains IFCA on a benchmark twice from the same seed, once as fedrc does and once
-with the port's zeroing, and prints per evaluated round how many clients chose each model and
-the accuracies. Run from the repository root after the pipeline's `partition` stage:
+For each run it prints whether it zeroed such models, the rounds in which a model had no member
+among the participating clients (from assignments.parquet: every evaluated round, so with
+`eval_every: 1` every round), the fewest members each model had, and, where the run's model.pt
+is there, which models ended dead: all zeros but the output bias, the only part of a zeroed
+ReLU network that still learns (so a zeroing between two evaluated rounds shows too). Run from
+the repository root:
 
-    PYTHONPATH=. python experiments/fmnist/ifca_empty_clusters.py \
-        --data experiments/fmnist/data/federated --rounds 20 --local-epochs 2
+    PYTHONPATH=. python experiments/fmnist/ifca_empty_clusters.py RUN [RUN ...]
 """
 
 from __future__ import annotations
@@ -16,75 +17,58 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from pipeline.algorithms.ifca import IFCA
-from pipeline.config import TrainConfig
-from pipeline.data.shards import load_federated
-from pipeline.evaluation.accuracy import evaluate_round
-from pipeline.places.communicate import Communicator
-from pipeline.run.training import build_run, train_round
+from pipeline.data.records import read_manifest
+from pipeline.run import files as rf
+from pipeline.stages import run_config
 
 
-class ZeroingIFCA(IFCA):
-    """IFCA as the FedRC code base aggregates it: a model without members becomes all zeros."""
+def members(run: Path) -> tuple[list[int], np.ndarray]:
+    """The evaluated rounds and, per round, how many participating clients each model had
+    (rounds × K): each client counts for its arg-max ω."""
+    table = rf.read_assignments(run / rf.ASSIGNMENTS).to_pandas()
+    table = table[table["participating"]]
+    omega = [c for c in table.columns if c.startswith("omega_")]
+    rounds = sorted(table["round"].unique().tolist())
+    counts = np.zeros((len(rounds), len(omega)), dtype=int)
+    for i, (_, part) in enumerate(table.groupby("round", sort=True)):
+        chosen = part[omega].to_numpy().argmax(1)
+        counts[i] = np.bincount(chosen, minlength=len(omega))
+    return rounds, counts
 
-    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
-        new = super().aggregate(models)
-        new[self.totals == 0] = 0.0
-        return new
+
+def dead_models(run: Path, classes: int) -> list[int] | None:
+    """The models of the run's model.pt that are zero but for their last `classes` numbers (the
+    output bias); None without a model.pt (a GPU check keeps only its digest)."""
+    if not (run / rf.MODEL).is_file():
+        return None
+    models = rf.load_state(run / rf.MODEL)["models"]
+    return [k for k, row in enumerate(models) if not row[:-classes].any()]
 
 
-def run(config: TrainConfig, zero_empty: bool) -> list[tuple[int, list[int], dict]]:
-    data = load_federated(Path(config.data))
-    comm = Communicator(torch.device("cpu"))
-    training = build_run(config, data, comm)
-    if zero_empty:
-        training.algorithm.__class__ = ZeroingIFCA
-    rows, cached = [], None  # an evaluation's logits serve the next E-step, as in training
-    for round_ in range(1, config.rounds + 1):
-        train_round(round_, training, cached)
-        cached = None
-        if round_ % config.eval_every == 0 or round_ == config.rounds:
-            algorithm = training.algorithm
-            scores, cached, _ = evaluate_round(
-                algorithm, training.executor, training.models, data, comm
-            )
-            members = algorithm.omega[data.participating].sum(0).round().int().tolist()
-            rows.append((round_, members, scores))
-    return rows
+def summary(run: Path) -> str:
+    config = run_config(run)
+    zeroing = bool(getattr(config.algorithm_settings, "zero_empty", False))
+    rounds, counts = members(run)
+    empty = [r for r, row in zip(rounds, counts) if (row == 0).any()]
+    shown = ", ".join(map(str, empty[:10])) + (" …" if len(empty) > 10 else "")
+    # Without a model.pt (a GPU check's run) the benchmark need not be on this machine either.
+    has_model = (run / rf.MODEL).is_file()
+    dead = dead_models(run, read_manifest(Path(config.data)).num_classes) if has_model else None
+    return (
+        f"{run}: {config.algorithm}, zero_empty {zeroing}; {len(rounds)} rounds read; "
+        f"a model without members in {len(empty)} ({shown or 'none'}); "
+        f"fewest members per model {counts.min(0).tolist()}, at the last round "
+        f"{counts[-1].tolist()}; dead at the end: {'no model.pt' if dead is None else dead}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="experiments/fmnist/data/federated")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--local-epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    config = TrainConfig(
-        data=args.data,
-        algorithm="ifca",
-        rounds=args.rounds,
-        local_epochs=args.local_epochs,
-        lr=args.lr,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        device="cpu",
-    )
-    keep, zero = run(config, zero_empty=False), run(config, zero_empty=True)
-    print(
-        "| round | clients per model (fedrc) | train / global (fedrc) "
-        "| clients per model (zeroing) | train / global (zeroing) |"
-    )
-    print("|---|---|---|---|---|")
-    for (round_, members_k, k), (_, members_z, z) in zip(keep, zero):
-        print(
-            f"| {round_} | {members_k} | {k['train_accuracy']:.3f} / {k['global_accuracy']:.3f} "
-            f"| {members_z} | {z['train_accuracy']:.3f} / {z['global_accuracy']:.3f} |"
-        )
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("runs", nargs="+", type=Path, help="IFCA or FeSEM run folders")
+    for run in parser.parse_args().runs:
+        print(summary(run))
 
 
 if __name__ == "__main__":

@@ -52,10 +52,12 @@ BUILT_IN: dict[str, AlgorithmCard] = {
         AlgorithmCard(
             "fedprox", "FedProx", "Li et al., MLSys 2020", own.ProximalSettings, "fedprox:FedProx"
         ),
-        AlgorithmCard("ifca", "IFCA", "Ghosh et al., NeurIPS 2020", Settings, "ifca:IFCA"),
+        AlgorithmCard(
+            "ifca", "IFCA", "Ghosh et al., NeurIPS 2020", own.ZeroEmptySettings, "ifca:IFCA"
+        ),
         AlgorithmCard("cfl", "CFL", "Sattler et al., IEEE TNNLS 2021", own.CFLSettings, "cfl:CFL"),
         AlgorithmCard(
-            "fesem", "FeSEM", "Long et al., World Wide Web 2023", Settings, "fesem:FeSEM"
+            "fesem", "FeSEM", "Long et al., World Wide Web 2023", own.FeSEMSettings, "fesem:FeSEM"
         ),
         AlgorithmCard(
             "fedem", "FedEM", "Marfoq et al., NeurIPS 2021", own.EStepSettings, "fedem:FedEM"

@@ -80,6 +80,7 @@ from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported f
 from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
 from pipeline.algorithms.server_opt import ServerOptimizer
+from pipeline.algorithms.settings import released_suffix
 from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
@@ -128,8 +129,9 @@ class Algorithm(ABC):
 
     @classmethod
     def label(cls, settings: Settings) -> str:
-        """The run's name in a report: the title, with a setting that names a variant."""
-        return cls.title
+        """The run's name in a report: the title, with a setting that names a variant (the
+        switches of the `released` profile: " (as released)")."""
+        return cls.title + released_suffix(settings)
 
     def __init__(
         self,

@@ -8,7 +8,8 @@ the cluster has reached a stationary point of the joint objective while its clie
 it is split in two by complete-linkage clustering of the pairwise cosine similarities of the Δ_i
 (up to `max_clusters` clusters: "CFL(3)"). Each cluster then averages its members' models.
 The max-norm is over clients (the FedRC/FedEM ports take it over the wrong axis: a bug,
-protocol §2).
+protocol §2; `max_entry` reproduces it: the largest |entry| of any update, against the port's
+ε2 = 0.6 under `profile: released`).
 Members that were not sampled when their cluster split join the half whose model has the lower
 loss on their data the next time they are sampled.
 
@@ -37,7 +38,7 @@ from pipeline.algorithms.client import (
     lowest_loss,
     one_hot,
 )
-from pipeline.algorithms.settings import CFLSettings
+from pipeline.algorithms.settings import CFLSettings, released_suffix
 from pipeline.common.settings import Settings
 from pipeline.engine.rows import BLOCK, RowStore
 from pipeline.engine.task import LocalResult, LocalTask
@@ -108,7 +109,7 @@ class CFL(HardClustering):
     @classmethod
     def label(cls, settings: Settings) -> str:
         cap = getattr(settings, "max_clusters", None)
-        return cls.title if cap is None else f"CFL({cap})"
+        return (cls.title if cap is None else f"CFL({cap})") + released_suffix(settings)
 
     def init_state(self) -> None:
         super().init_state()
@@ -149,7 +150,9 @@ class CFL(HardClustering):
         self.accumulate(task.model, update, task.weight)
         self._member[client] = task.model + 1
         self._weight[client] = task.weight
-        self._norm[client] = float(update.norm())
+        # as released, the port's norm over the (single) learner axis leaves |Δ_ij|, and its
+        # max runs over clients and entries alike
+        self._norm[client] = float(update.abs().max() if self.settings.max_entry else update.norm())
         if self._updates is not None:
             self._updates.add(client, update)
 

@@ -20,12 +20,14 @@ What fedrc chooses (protocol §9):
 - G keeps a seeded random subset of the coordinates (`profile_fraction`, default 1% as the
   authors' `use_reduced_G`), the same on every place; 1.0 keeps the whole vector.
 - The criterion model cycles through the K models (the paper); the released code never advances
-  it (always model 0): `cycle_criterion: false`, an ablation. (That code also computes every
-  profile at the client's own model; fedrc always computes it at the criterion model.)
+  it (always model 0): `cycle_criterion: false`, an ablation. That code also takes every
+  profile at the client's own model: `own_model_profile` reproduces both (block 0 of G holds
+  the update of the client's own cluster training, and no extra training runs).
 - Ĝ comes from the eigen-decomposition of the clients' Gram matrix GᵀG = V Σ² Vᵀ, since
   U_Kᵀ G = Σ_K V_Kᵀ: the same numbers without the (K·P_c) × K matrix U.
-- K-means: k-means++ with 10 restarts (the least inertia wins), seeded from the run seed and the
-  round; the authors' scikit-learn KMeans uses seed 42. The matching solves the assignment
+- K-means: k-means++ with 10 restarts (`kmeans_starts`; the least inertia wins), seeded from the
+  run seed and the round; the authors' scikit-learn KMeans uses seed 42 and, without `n_init`,
+  one start in scikit-learn ≥ 1.4 (`kmeans_starts: 1`). The matching solves the assignment
   problem on the K × K agreement table (`linear_sum_assignment`), O(K³), where the authors try
   all K! permutations; both find a permutation with the most agreement.
 - Partial participation: only clients with a profile are clustered; a client without one (never
@@ -64,7 +66,6 @@ from pipeline.algorithms.settings import CFLGPSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import LocalResult, LocalTask
 
-RESTARTS = 10  # k-means++ starts; the clustering with the least inertia is kept
 LLOYD_ITERATIONS = 300
 GRAM_CHUNK = 1 << 16  # profile coordinates turned into float64 at a time for GᵀG
 
@@ -80,10 +81,11 @@ def spectral_embedding(columns: list[torch.Tensor], k: int) -> np.ndarray:
     return (vectors.flip(1)[:, :k] * top).numpy()
 
 
-def kmeans(points: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Labels of the best of RESTARTS runs of Lloyd's algorithm from k-means++ seeds."""
+def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, starts: int = 10) -> np.ndarray:
+    """Labels of the best of `starts` runs of Lloyd's algorithm from k-means++ seeds (the least
+    inertia wins)."""
     best, best_inertia = None, np.inf
-    for _ in range(RESTARTS):
+    for _ in range(starts):
         labels, inertia = lloyd(points, kmeans_plus_plus(points, k, rng))
         if inertia < best_inertia:
             best, best_inertia = labels, inertia
@@ -178,7 +180,7 @@ class CFLGP(HardClustering):
     @property
     def criterion(self) -> int:
         """m = ⌊t/P⌋ mod K, the model whose block of G this clustering round fills."""
-        if not self.settings.cycle_criterion:
+        if not self.settings.cycle_criterion or self.settings.own_model_profile:
             return 0
         return self.round // self.settings.clustering_period % self.num_models
 
@@ -186,7 +188,10 @@ class CFLGP(HardClustering):
         unclustered = bool(self.profile) and client not in self.profile
         return CFLGPStep(
             cluster=-1 if unclustered else int(self.cluster[client]),
-            criterion=self.criterion if self.clustering else -1,
+            # as released the profile is the cluster's own training: no extra one
+            criterion=-1
+            if self.settings.own_model_profile or not self.clustering
+            else self.criterion,
         )
 
     def receive(self, client: int, upload: Upload) -> None:
@@ -213,7 +218,8 @@ class CFLGP(HardClustering):
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         if task.weight > 0:  # the cluster's training, not the criterion model's alone
             super().fold(client, task, result)  # Σ_i N_i θ_i and Σ_i N_i of the client's cluster
-        if self._probes is not None and task.model == self.criterion:
+        own = self.settings.own_model_profile and task.weight > 0
+        if self._probes is not None and (own or task.model == self.criterion):
             update = result.params[self._coords] - self._start[task.model, self._coords]
             self._probes.add(client, update)
 
@@ -247,7 +253,7 @@ class CFLGP(HardClustering):
             return False
         points = spectral_embedding([self.profile[i] for i in clients], self.num_models)
         rng = np.random.default_rng([self.config.seed, self.round])
-        labels = kmeans(points, self.num_models, rng)
+        labels = kmeans(points, self.num_models, rng, self.settings.kmeans_starts)
         labels = match_labels(labels, self.cluster[clients].numpy(), self.num_models)
         for client, k in zip(clients, labels.tolist()):
             self.cluster[client] = k

@@ -25,6 +25,9 @@ own row and prototype. `clustered_protos: false` aligns every client instead to 
 prototypes: for each class the mean (by `weights`) of the prototypes of the last round's sampled
 clients that have it. `oracle: true` replaces MADD + DBSCAN by the benchmark's truth: for each
 label, the sampled clients whose current concepts label it alike form a group (`label_keys`).
+As released (`aliased_protos`, docs/authors-check.md §7): the authors' uniform sum of a label's
+prototypes adds in place into the first sampled holder's own tensor, so that client enters its
+group's mean (or keeps, alone) the sum over all holders; "first" here is the lowest client id.
 
 fedrc's view: K = 1 row, the extractor with the N_i-weighted mean of the round's trained
 classifiers (that classifier only scores clients without one of their own: the held-out
@@ -305,13 +308,15 @@ class FedCCFA(Algorithm):
         protos = rows[:, 2 * width :].reshape(len(clients), c, d)
         counts = self.counts[clients]  # (n, C) the labels of this round's data
         present = counts > 0
-        anchors, anchored = protos.clone(), present.clone()
         for label in range(c):  # the global prototypes, over every sampled client with the label
             having = present[:, label].nonzero().flatten().tolist()
             if having:
                 self.global_protos[label] = self.average(
                     protos[having, label], counts[having, label]
                 )
+                if self.settings.aliased_protos and self.settings.weights == "uniform":
+                    protos[having[0], label] = protos[having, label].sum(0)
+        anchors, anchored = protos.clone(), present.clone()
         self.global_anchored = present.any(0)
         found = 0
         for label in range(c):

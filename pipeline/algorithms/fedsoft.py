@@ -6,7 +6,9 @@ f_i(w) + (λ/2) Σ_k u_ik ‖w − θ_k‖² = f_i(w) + (λ/2)‖w − Σ_k u_ik
 λ = `mu` (default 0.1, the value of our FMNIST reproduction: the papers reproduced here do not
 give one). The server sets θ_k ← Σ_i u_ik w_i / Σ_i u_ik over the sampled clients.
 Local accuracy uses the personal models; a held-out client takes the cluster with the lowest
-loss (the FedRC port picks the largest loss and scores held-out clients with cluster 0: bugs).
+loss. The FedRC authors' release (protocol §2) counts each sample for the model with the
+*largest* loss (`largest_loss`) and scores every held-out client with cluster model 0
+(`held_out_model0`: its evaluation copies model 0 into every held-out client).
 
 Memory: the personal models are state, one model per client that has trained (clients × model,
 in memory on every place); a round's new personal models pass through a `RowStore` on disk, so
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, one_hot
 from pipeline.algorithms.settings import FedSoftSettings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.task import PERSONAL, LocalResult, LocalTask
@@ -40,10 +42,18 @@ class FedSoft(Algorithm):
         self._trained: RowStore | None = None
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        best = torch.bincount(losses.argmin(1), minlength=self.num_models).double()
+        fits = losses.argmax(1) if self.settings.largest_loss else losses.argmin(1)
+        best = torch.bincount(fits, minlength=self.num_models).double()
         u = (best / losses.shape[0]).clamp(min=FLOOR).cpu()
         self._u = u / u.sum()
         return self._u.to(losses).expand_as(losses)
+
+    def assign_held_out(
+        self, client: int, losses: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        if self.settings.held_out_model0:
+            return one_hot(0, self.num_models)
+        return super().assign_held_out(client, losses, labels)
 
     def client_omega(self, client: int, gamma: torch.Tensor) -> torch.Tensor:
         """ω_i = u_i in float64 (γ holds it in the losses' float32)."""

@@ -4,7 +4,9 @@ Round t: client i trains the model of its current cluster c_i (first assignment:
 loss); after training, the server reassigns it to the nearest centre,
 c_i ← argmin_k ‖w_i − θ_k‖₂ (θ_k the centres it started the round with), and each centre
 becomes the N_i-weighted average of its new members. The client's trained weights count in its
-new cluster (the FedRC port drops them when a client changes cluster: a bug, protocol §2).
+new cluster. The FedRC authors' release differs twice (protocol §2): a client that changes
+cluster adds the copy of its new cluster's model it received, untrained, in place of its
+trained weights (`untrained_movers`), and a cluster without members is zeroed (`zero_empty`).
 
 Where the data stays (the client part, `ClusterStep`): the server hands each sampled client its
 cluster (none at first: it takes the model with the lowest loss on its data); the client sends
@@ -20,11 +22,14 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import ClusterStep, Upload, one_hot
+from pipeline.algorithms.ifca import zero_unchosen
+from pipeline.algorithms.settings import FeSEMSettings
 from pipeline.engine.task import LocalResult, LocalTask
 
 
 @described("fesem")
 class FeSEM(HardClustering):
+    settings: FeSEMSettings
     Step = ClusterStep  # its cluster (−1: none yet)
 
     def init_state(self) -> None:
@@ -49,7 +54,8 @@ class FeSEM(HardClustering):
         distances = torch.cdist(result.params[None].double(), self._centres.double())[0]
         k = int(distances.argmin())
         self._moved[client] = k + 1
-        self.sums[k] += task.weight * result.params
+        moved = k != task.model and self.settings.untrained_movers
+        self.sums[k] += task.weight * (self._centres[k] if moved else result.params)
         self.totals[k] += task.weight
 
     def contributions(self) -> list[torch.Tensor]:
@@ -60,7 +66,8 @@ class FeSEM(HardClustering):
             k = int(self._moved[client]) - 1
             self.cluster[client] = k
             self.omega[client] = one_hot(k, self.num_models)
-        return super().aggregate(models)
+        new = super().aggregate(models)
+        return zero_unchosen(new, self.totals) if self.settings.zero_empty else new
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "cluster": self.cluster}

@@ -2,7 +2,10 @@
 
 Client i picks k* = argmin_k (1/N_i) Σ_j f(x_ij, y_ij; θ_k) with the models it just received,
 trains only θ_{k*}, and the server averages each model over its members (N_i-weighted). A model
-with no member this round keeps its parameters (the FedRC port zeroes it: a bug, protocol §2).
+with no member this round keeps its parameters. The FedRC authors' release zeroes it instead
+(`zero_empty`, protocol §2): a zeroed ReLU network passes no gradient to any weight but its
+output bias, a label prior; only SGD momentum that a client kept from training the model before
+(`profile: reference`) moves its other weights again.
 """
 
 from __future__ import annotations
@@ -14,6 +17,14 @@ import torch
 from pipeline.algorithms import described
 from pipeline.algorithms.base import HardClustering
 from pipeline.algorithms.client import HardStep, Memory, hard_outcome
+from pipeline.algorithms.settings import ZeroEmptySettings
+
+
+def zero_unchosen(models: torch.Tensor, totals: torch.Tensor) -> torch.Tensor:
+    """The released `average_learners` over an empty list: every row nobody trained (no
+    weight in `totals`) filled with zeros, buffers included."""
+    models[totals == 0] = 0.0
+    return models
 
 
 @dataclass
@@ -26,7 +37,12 @@ class IFCAStep(HardStep):
 
 @described("ifca")
 class IFCA(HardClustering):
+    settings: ZeroEmptySettings
     Step = IFCAStep
 
     def client_step(self, client: int) -> IFCAStep:
         return IFCAStep()
+
+    def aggregate(self, models: torch.Tensor) -> torch.Tensor:
+        new = super().aggregate(models)
+        return zero_unchosen(new, self.totals) if self.settings.zero_empty else new

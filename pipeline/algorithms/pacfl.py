@@ -41,17 +41,19 @@ from pipeline.algorithms.settings import PACFLSettings
 
 
 def subspace_bases(
-    images: torch.Tensor, labels: torch.Tensor, num_classes: int, p: int
+    images: torch.Tensor, labels: torch.Tensor, num_classes: int, p: int, signed: bool = True
 ) -> torch.Tensor:
     """(C, d, p): per class, the first p left singular vectors of X_c (d × n_c, raw pixels);
     zero columns where there are fewer. Each vector's sign is fixed so that its largest entry
-    in magnitude is positive (the SVD leaves it free, and the elementwise angle depends on it)."""
+    in magnitude is positive (the SVD leaves it free, and the elementwise angle depends on it);
+    `signed=False` keeps the SVD's own signs, as the authors' code does (`lapack_signs`)."""
     x = images.reshape(len(images), -1).double()
     out = torch.zeros(num_classes, x.shape[1], p, dtype=torch.float64, device=x.device)
     for c in labels.unique().tolist():
         u = torch.linalg.svd(x[labels == c].T, full_matrices=False).U[:, :p]  # X_c = U Σ Vᵀ
-        peak = u.gather(0, u.abs().argmax(0, keepdim=True))
-        out[c, :, : u.shape[1]] = u * peak.sign()
+        if signed:
+            u = u * u.gather(0, u.abs().argmax(0, keepdim=True)).sign()
+        out[c, :, : u.shape[1]] = u
     return out
 
 
@@ -113,7 +115,9 @@ class PACFL(HardClustering):
     def describe(
         self, client: int, images: torch.Tensor, labels: torch.Tensor, models: torch.Tensor
     ) -> torch.Tensor:
-        return subspace_bases(images, labels, self.num_classes, self.settings.n_basis).flatten()
+        s = self.settings
+        bases = subspace_bases(images, labels, self.num_classes, s.n_basis, not s.lapack_signs)
+        return bases.flatten()
 
     def observe(self, client: int, statistic: torch.Tensor) -> None:
         blocks = statistic.reshape(self.num_classes, -1, self.settings.n_basis)

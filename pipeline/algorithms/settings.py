@@ -22,6 +22,49 @@ PENALTIES = ("CL", "L2")  # FedCCFA's alignment losses, spelt as in its authors'
 WEIGHTS = ("uniform", "label")  # FedCCFA's group averages
 
 
+# A divergence of an author's released code from its paper that changes the results is a
+# setting here, off by default, whose description starts "as released"; `released` (a ClassVar)
+# holds the values that reproduce that code (docs/reproducing.md, "The baselines as released").
+# `train.profile: released` is the FedRC authors' code (LINs-lab/FedRC, whose ports of the Table 1
+# baselines these are): the reference profile's local SGD plus IFCA's, FeSEM's, FedSoft's and
+# CFL's `released` values.
+RELEASED = "released"
+
+
+def released_suffix(settings: Settings) -> str:
+    """What a run's label adds when some `released` values are set (" (as released)" when all
+    are, else their names); "" for none."""
+    released = getattr(type(settings), "released", {})
+    defaults = type(settings)()
+    on = [k for k, v in released.items() if getattr(settings, k) == v != getattr(defaults, k)]
+    if not on:
+        return ""
+    return " (as released)" if len(on) == len(released) else f" (as released: {', '.join(on)})"
+
+
+@dataclass(frozen=True)
+class ZeroEmptySettings(Settings):
+    """The released aggregation of IFCA and FeSEM: `average_learners` over no member fills the
+    model with zeros, and a zeroed ReLU network gets a gradient for nothing but its output bias
+    (a client's kept momentum can still move the rest)."""
+
+    zero_empty: bool = setting(
+        False, "as released: a model that no sampled client chose is set to all zeros"
+    )
+    released: ClassVar[dict[str, Any]] = {"zero_empty": True}
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {RELEASED: released}
+
+
+@dataclass(frozen=True)
+class FeSEMSettings(ZeroEmptySettings):
+    untrained_movers: bool = setting(
+        False,
+        "as released: a client that moves adds its new cluster's model as received, untrained",
+    )
+    released: ClassVar[dict[str, Any]] = {"zero_empty": True, "untrained_movers": True}
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {RELEASED: released}
+
+
 @dataclass(frozen=True)
 class ProximalSettings(Settings):
     """The coefficient of a proximal term (λ/2)‖w − anchor‖² in the local loss."""
@@ -35,6 +78,14 @@ class ProximalSettings(Settings):
 @dataclass(frozen=True)
 class FedSoftSettings(ProximalSettings):
     mu: float = setting(0.1, "λ, the pull of the personal model towards Σ_k u_ik θ_k")
+    largest_loss: bool = setting(
+        False, "as released: u_ik counts the samples that model k fits worst, not best"
+    )
+    held_out_model0: bool = setting(
+        False, "as released: every held-out client predicts with cluster model 0"
+    )
+    released: ClassVar[dict[str, Any]] = {"largest_loss": True, "held_out_model0": True}
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {RELEASED: released}
 
 
 @dataclass(frozen=True)
@@ -44,6 +95,11 @@ class CFLSettings(Settings):
     max_clusters: int | None = setting(None, "cap on the number of clusters (null: --clusters)")
     cfl_eps1: float = setting(0.4, "ε1: a cluster splits when ‖mean update‖ < ε1 ...")
     cfl_eps2: float = setting(1.6, "ε2: ... and max ‖update‖ > ε2")
+    max_entry: bool = setting(
+        False, "as released: max ‖update‖ is the largest |entry| of any update (wrong axis)"
+    )
+    released: ClassVar[dict[str, Any]] = {"max_entry": True, "cfl_eps2": 0.6}  # tol_2 0.6
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {RELEASED: released}
 
     def validate(self) -> None:
         mc = self.max_clusters
@@ -114,7 +170,8 @@ class FedRCSettings(
     heldout_label_prior: bool = setting(True, "apply C_{y,k} in held-out E-steps (paper eq. 3)")
 
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "reference": {"heldout_label_prior": False, "adam_beta1": 0.5, "adam_beta2": 0.5}
+        profile: {"heldout_label_prior": False, "adam_beta1": 0.5, "adam_beta2": 0.5}
+        for profile in ("reference", RELEASED)
     }
 
     def validate(self) -> None:
@@ -154,6 +211,10 @@ class PACFLSettings(Settings):
     angle: str = setting(
         "elementwise", "subspace angle: elementwise (the authors' code) or principal"
     )
+    lapack_signs: bool = setting(
+        False, "as released: each basis vector's sign as the SVD returns it (depends on LAPACK)"
+    )
+    released: ClassVar[dict[str, Any]] = {"lapack_signs": True}
 
     def validate(self) -> None:
         require(self.n_basis >= 1, "n_basis", "an integer >= 1", self.n_basis)
@@ -175,6 +236,11 @@ class CFLGPSettings(Settings):
         True, "criterion model ⌊t/P⌋ mod K (the paper); false: always model 0"
     )
     profile_fraction: float = setting(0.01, "share of the coordinates kept in G (1.0: all)")
+    own_model_profile: bool = setting(
+        False, "as released: G's block 0 holds the update of the client's own model, every time"
+    )
+    kmeans_starts: int = setting(10, "k-means++ starts (the least inertia wins); released: 1")
+    released: ClassVar[dict[str, Any]] = {"own_model_profile": True, "kmeans_starts": 1}
 
     def validate(self) -> None:
         p, t = self.clustering_period, self.clustering_termination_threshold
@@ -182,6 +248,8 @@ class CFLGPSettings(Settings):
         require(t >= 1, "clustering_termination_threshold", "an integer >= 1", t)
         f = self.profile_fraction
         require(0 < f <= 1, "profile_fraction", "a number in (0, 1]", f)
+        starts = self.kmeans_starts
+        require(starts >= 1, "kmeans_starts", "an integer >= 1", starts)
 
 
 @dataclass(frozen=True)
@@ -193,6 +261,10 @@ class StoCFLSettings(Settings):
     mu: float = setting(
         0.05, "μ, the pull (μ/2)‖w − θ_g‖² of a cluster model towards the global one"
     )
+    larger_model_only: bool = setting(
+        False, "as released: a merge keeps the larger cluster's model, or none (then θ_g's copy)"
+    )
+    released: ClassVar[dict[str, Any]] = {"larger_model_only": True}
 
     def validate(self) -> None:
         require(-1 <= self.tau <= 1, "tau", "a number in [-1, 1] (a cosine)", self.tau)
@@ -283,6 +355,12 @@ class FedCCFASettings(Settings):
     weights: str = setting(
         "uniform", "a group's mean of rows and prototypes: uniform, or label (by label counts)"
     )
+    aliased_protos: bool = setting(
+        False,
+        "as released (weights uniform): a label's first sampled holder has the sum of all "
+        "holders' prototypes as its own",
+    )
+    released: ClassVar[dict[str, Any]] = {"aliased_protos": True}
 
     def validate(self) -> None:
         for key in ("balanced_epochs", "clf_epochs", "align_after"):

@@ -242,7 +242,9 @@ class StoCFL(Algorithm):
         larger, smaller = (
             (b, a) if (self.cluster == a).sum() < (self.cluster == b).sum() else (a, b)
         )
-        kept = int(self.row[larger] if self.row[larger] >= 0 else self.row[smaller])
+        kept = int(self.row[larger])
+        if kept < 0 and not self.settings.larger_model_only:  # as released: none kept
+            kept = int(self.row[smaller])
         members = self.cluster == b
         self.cluster[members] = a
         self.row[b], self.row[a] = -1, kept

@@ -20,14 +20,14 @@ OPTIMIZERS = ("sgd", "adam", "adamw")  # the local optimizer (torch.optim's rule
 SCHEDULES = ("constant", "step", "cosine")  # the local learning rate over rounds
 SERVER_OPTIMIZERS = ("sgd", "adam", "yogi", "adagrad")  # FedOpt (Reddi et al., ICLR 2021)
 # Where the authors' code departs from the paper (protocol §1): `profile: reference` turns these on
-# (and an algorithm's `Settings.profiles` its own); keys given explicitly still win.
+# (and an algorithm's `Settings.profiles` its own); keys given explicitly still win. `released`
+# is the same local SGD, plus each baseline's divergences of the FedRC authors' released code
+# from its paper (their `released` profile: docs/reproducing.md, "The baselines as released").
+REFERENCE_SGD = {"weight_decay": 5e-4, "drop_last": True, "persistent_momentum": True}
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {},
-    "reference": {
-        "weight_decay": 5e-4,
-        "drop_last": True,
-        "persistent_momentum": True,
-    },
+    "reference": REFERENCE_SGD,
+    "released": REFERENCE_SGD,
 }
 
 
@@ -98,7 +98,11 @@ class TrainConfig:
     algorithm: str = option("fedrc", "Built-in (`fedrc info`), a plugin, or module:Name.")
     clusters: int = option(3, "K, the number of models.")
     model: str = option("cnn", "cnn, mobilenet_v2, resnet18, a plugin, or module:Name.")
-    profile: str = option("paper", "paper, or reference: the authors' code's settings.")
+    profile: str = option(
+        "paper",
+        "paper; reference: the authors' code's settings; released: also the baselines' "
+        "divergences in that code (IFCA's zeroed models, …).",
+    )
     seed: int = option(0, "Seed for models, sampling and batches.")
     out: str = option("runs/fedrc", "Run folder.")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.common.errors import FedrcError
 from pipeline.common.registry import Registry
 from pipeline.common.settings import Settings
-from pipeline.models.settings import MLPSettings, TorchvisionSettings
+from pipeline.models.settings import CNNSettings, MLPSettings, TorchvisionSettings
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,11 +31,11 @@ class ModelSpec:
     settings: type[Settings] = Settings
 
 
-def _cnn(shape: tuple[int, int, int], num_classes: int, settings: Any) -> nn.Module:
+def _cnn(shape: tuple[int, int, int], num_classes: int, settings: CNNSettings) -> nn.Module:
     from pipeline.models.cnn import FmnistCNN
 
     height, width, channels = shape
-    return FmnistCNN(channels, height, width, num_classes)
+    return FmnistCNN(channels, height, width, num_classes, settings.normalize)
 
 
 def _mlp(shape: tuple[int, int, int], num_classes: int, settings: MLPSettings) -> nn.Module:
@@ -56,7 +56,9 @@ def _torchvision(name: str) -> Callable[[tuple[int, int, int], int, Any], nn.Mod
 BUILT_IN = {
     spec.name: spec
     for spec in (
-        ModelSpec("cnn", "The FedRC paper's FMNIST CNN (2 conv + 2 linear layers)", _cnn),
+        ModelSpec(
+            "cnn", "The FedRC paper's FMNIST CNN (2 conv + 2 linear layers)", _cnn, CNNSettings
+        ),
         ModelSpec(
             "mobilenet_v2",
             "torchvision's MobileNetV2 (the paper's CIFAR model)",

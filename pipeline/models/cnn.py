@@ -13,8 +13,19 @@ class FmnistCNN(nn.Module):
     architecture serves the small synthetic images.
     """
 
-    def __init__(self, channels: int, height: int, width: int, num_classes: int) -> None:
+    def __init__(
+        self,
+        channels: int,
+        height: int,
+        width: int,
+        num_classes: int,
+        normalize: list[float] | None = None,
+    ) -> None:
         super().__init__()
+        # the executors feed x = p/127.5 − 1; (p/255 − mean)/std = x · 0.5/std + (0.5 − mean)/std
+        # (plain numbers, not buffers: a flat model's layout stays the same)
+        mean, std = normalize if normalize is not None else (None, None)
+        self.rescale = None if std is None else (0.5 / std, (0.5 - mean) / std)
         self.features = nn.Sequential(
             nn.Conv2d(channels, 32, 5),
             nn.ReLU(),
@@ -31,4 +42,6 @@ class FmnistCNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rescale is not None:
+            x = x * self.rescale[0] + self.rescale[1]
         return self.classifier(self.features(x))
