@@ -158,7 +158,6 @@ class BatchedExecutor(SequentialExecutor):
         # SGD's step, compiled once per batch shape
         if compile and self.rule is not None:
             raise ValueError(f"compile: compiles SGD's step, not {optimizer}'s")
-        self.compile = compile
         self.compiled = CompiledStep(self._step, device) if compile else None
         self.compiled_chunk: int | None = None  # `chunk_size` when compiled
 
