@@ -17,6 +17,7 @@ from fedrc_cli.plot import plot
 from fedrc_cli.report import report
 from fedrc_cli.sweep import sweep
 from fedrc_cli.train import train
+from fedrc_cli.usage import OneLineGroup
 
 app = typer.Typer(
     name="fedrc",
@@ -26,6 +27,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineGroup,
 )
 
 

@@ -32,15 +32,11 @@ def check(
 ) -> None:
     """Check params.yaml's partition, train, eval, plot (and sweep) sections as their commands
     would, and that the folders they write can be written."""
-    from pipeline.stages import (
-        check_feasible,
-        check_stage,
-        write_resolved,
-    )  # torch: options read first
-    from pipeline.sweep import resolved_points
-    from pipeline.sweep.grid import SECTION, read_grid
-
     with user_errors(), writing("--out", *([out] if out is not None else [])):
+        from pipeline.stages import check_feasible, check_stage, write_resolved  # torch: options
+        from pipeline.sweep import resolved_points  # first (and an import failing is one line)
+        from pipeline.sweep.grid import SECTION, read_grid
+
         values = read_params(params)
         folder, points = read_grid(values, [], None) if SECTION in values else (None, [])
         resolved = check_stage(values)

@@ -15,16 +15,36 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
+from fedrc_cli.failures import TRAIN_MEMORY, explained, shown
 from pipeline.common.errors import FedrcError, FedrcWarning
 from pipeline.config import TrainConfig, build_config, read_params
 from pipeline.places.launch import env_rank, launched, leaving_with_error
 
+PIPED_WIDTH = 1000  # columns when the output is a file or a pipe: whole lines, not 80-column cuts
+
+
+class WholeLines(Console):
+    """rich's Console, without a width when it writes to a file or a pipe: rich would use the
+    terminal's width (or 80) and cut every longer line there (`COLUMNS` still rules)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._width is not None or "COLUMNS" in self._environ:
+            return size
+        return ConsoleDimensions(PIPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
 # Under torchrun, rank 0 alone prints (progress, errors): the ranks fail together, so one says it.
-console = Console(quiet=env_rank() > 0)
-error_console = Console(stderr=True, quiet=env_rank() > 0)
+console = WholeLines(quiet=env_rank() > 0)
+error_console = WholeLines(stderr=True, quiet=env_rank() > 0)
 
 ParamsOption = Annotated[
     Path | None,
@@ -32,12 +52,17 @@ ParamsOption = Annotated[
         "--params",
         help="YAML file with one section per stage; options given here override it. "
         "[default: ./params.yaml if present]",
-        dir_okay=False,
+        readable=False,  # fedrc names an unreadable file itself, on one line
     ),
 ]
 
 T = TypeVar("T")
 CHUNK_OPTION = "chunk_clients" in {f.name for f in dataclasses.fields(TrainConfig)}
+GPU_MEMORY = (
+    "lower --batch-size"
+    + (", --chunk-clients" if CHUNK_OPTION else "")
+    + ", --clusters or the model size, or train on the CPU with --device cpu"
+)
 
 
 def load_config(cls: Callable[..., T], params: Path | None, **overrides: Any) -> T:
@@ -45,8 +70,14 @@ def load_config(cls: Callable[..., T], params: Path | None, **overrides: Any) ->
     return build_config(cls, read_params(params), overrides)  # type: ignore[arg-type]
 
 
+MESSAGE_MAX = 1000  # characters: a message quoting a huge value stays readable, and one line
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
-    error_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if len(message) > MESSAGE_MAX:
+        message = message[: MESSAGE_MAX - 1] + "…"
+    line = " ".join(message.splitlines())  # one line, whatever a value in it held
+    error_console.print(f"[bold red]Error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -60,28 +91,6 @@ INTERRUPT_CODES = {KeyboardInterrupt: 130, Terminated: 143}  # 128 + SIGINT / SI
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
-
-
-def disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (
-        error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
-    )
-
-
-def out_of_memory(error: BaseException) -> bool:
-    """GPU memory: torch's own error (if a command imported torch), or its older RuntimeError."""
-    torch = sys.modules.get("torch")  # imported here, every command would pay for it
-    oom = () if torch is None else getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return isinstance(error, oom) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-    )
-
-
-def out_of_ram(error: BaseException) -> bool:
-    """The host's memory: Python's MemoryError, or torch's allocator refusing a tensor."""
-    return isinstance(error, MemoryError) or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-    )
 
 
 def warning_line(message: str) -> None:
@@ -125,9 +134,10 @@ def _file_size_limit() -> Iterator[None]:
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
+def user_errors(memory: str = "free some memory or use a larger machine") -> Iterator[None]:
     """Problems a user can fix become one red line on stderr; bugs keep their traceback;
-    warnings a user should read are one yellow line (`fedrc_warnings`).
+    warnings a user should read are one yellow line (`fedrc_warnings`). `memory`: what to
+    lower when memory runs out (`fedrc_cli.failures`).
 
     A FedrcError or a file-size limit exits with 2, a full disk or memory with 1, Ctrl-C
     with 130 and SIGTERM with 143: every stage writes through a temporary path, so what was
@@ -147,31 +157,14 @@ def user_errors() -> Iterator[None]:
         raise fail(str(e)) from None
     except (KeyboardInterrupt, Terminated) as e:
         name = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+        during = f" {e}" if str(e) else ""  # where, when the code said (a plugin's import)
         code = INTERRUPT_CODES[type(e)]
-        raise fail(f"{name}; earlier outputs are left as they were", code) from None
+        raise fail(f"{name}{during}; earlier outputs are left as they were", code) from None
     except Exception as e:
-        if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:  # an input's name
-            where = shown(os.fsdecode(e.filename)) if e.filename else "a path"
-            raise fail(f"{where}: name too long for the file system") from None
-        if disk_full(e):
-            where = getattr(e, "filename", None) or "an output file"
-            raise fail(
-                f"{where}: no space left on the disk; free some space or write to another "
-                "disk with --out (earlier outputs are left as they were)",
-                1,
-            ) from None
-        if out_of_memory(e):
-            raise fail(
-                "out of GPU memory; lower --batch-size"
-                + (", --chunk-clients" if CHUNK_OPTION else "")
-                + ", --clusters or the model size, or train on the CPU with --device cpu",
-                1,
-            ) from None
-        if out_of_ram(e):
-            raise fail(
-                "out of memory; lower --clusters, --batch-size or the model size (--model)", 1
-            ) from None
-        raise
+        found = explained(e, memory, GPU_MEMORY if memory == TRAIN_MEMORY else None)
+        if found is None:
+            raise
+        raise fail(*found) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -191,12 +184,6 @@ def _name_max(path: Path) -> int:
         return os.pathconf(node, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         return 255
-
-
-def shown(path: Path | str) -> str:
-    """`path` for a one-line message: a very long one loses its middle."""
-    text = str(path)
-    return text if len(text) <= 80 else f"{text[:38]}…{text[-38:]}"
 
 
 def name_too_long(path: Path) -> str | None:

@@ -16,7 +16,7 @@ from pipeline.config import EvalConfig
 
 def evaluate(params: ParamsOption = None, **options: Any) -> None:
     """Score a run: accuracies at the best-train round and the last round → eval.json."""
-    with user_errors():
+    with user_errors("score the run on a machine with more memory"):
         config = load_config(EvalConfig, params, **options)
         from pipeline import stages  # torch: imported once the options are known to be good
 

@@ -12,6 +12,7 @@ import typer
 from fedrc_cli.common import ParamsOption, console, fail, user_errors, writing
 from fedrc_cli.options import dataclass_options, with_options
 from fedrc_cli.train import SetOption
+from fedrc_cli.usage import OneLineGroup
 from pipeline.config import TrainConfig, read_params
 from pipeline.flower.appconfig import ON_NODE_LOSS, Deployment, check_config, write_app
 
@@ -19,6 +20,7 @@ flower = typer.Typer(
     name="flower",
     help="Run fedrc on Flower's deployment engine (SuperLink, SuperNodes, `flwr run`).",
     no_args_is_help=True,
+    cls=OneLineGroup,
 )
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from fedrc_cli.common import console, user_errors
 from pipeline.data.describe import describe
-from pipeline.data.records import read_manifest
+from pipeline.data.meaning import read_benchmark
 
 
 def info(
@@ -34,7 +34,7 @@ def info(
     with user_errors():
         if (folder is None or not Path(folder).is_dir()) and show_component(folder):
             return
-        description = describe(read_manifest(Path(folder), option="FOLDER"))
+        description = describe(read_benchmark(Path(folder), option="FOLDER"))
     if as_json:
         typer.echo(json.dumps(description, indent=2))
     else:

@@ -16,24 +16,23 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
-from pipeline.common import strict_yaml
 from pipeline.common.errors import FedrcError
 from pipeline.common.settings import field_types
+from pipeline.config import read_params
+from pipeline.config import section as section_of
 
 PARAMS = Path("params.yaml")
 
 
 def params_section(name: str) -> dict[str, Any]:
-    """The section of ./params.yaml, or {} when there is none or it cannot be read (the
-    command itself reports a broken file)."""
+    """The section of ./params.yaml, or {} when there is none or it cannot be read: this runs
+    at import, for `--help`'s defaults, so a broken file must not break `fedrc --version` or
+    `fedrc info`; the command that reads it names the problem."""
     try:
-        data = strict_yaml.load(PARAMS.read_text()) if PARAMS.is_file() else {}
-    except (OSError, yaml.YAMLError):
+        return section_of(read_params(None), name)
+    except FedrcError:
         return {}
-    section = data.get(name) if isinstance(data, dict) else None
-    return section if isinstance(section, dict) else {}
 
 
 def _shown(value: Any) -> str:

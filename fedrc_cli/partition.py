@@ -12,6 +12,8 @@ from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.config import PartitionConfig
 from pipeline.data.describe import describe
 
+PARTITION_MEMORY = "lower --replicate, --clients × --samples-per-client or --holdout-samples"
+
 
 def partition(
     overwrite: Annotated[
@@ -21,7 +23,7 @@ def partition(
     **options: Any,
 ) -> None:
     """Split a dataset into clients with label, feature and concept shift (FedRC benchmark)."""
-    with user_errors():
+    with user_errors(PARTITION_MEMORY):
         config = load_config(PartitionConfig, params, **comma_lists(PartitionConfig, options))
         from pipeline import stages  # torch: imported once the options are known to be good
 

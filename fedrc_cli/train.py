@@ -20,6 +20,7 @@ from fedrc_cli.common import (
     user_errors,
     writing,
 )
+from fedrc_cli.failures import TRAIN_MEMORY
 from fedrc_cli.options import comma_lists, dataclass_options, with_options
 from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig, read_params
@@ -55,7 +56,7 @@ def train(
     (train: {fedrc: {estep: adam}}) or go in --set. With --resume, the run's
     config.json is the start, and only what leaves the numbers alone may change.
     """
-    with user_errors():
+    with user_errors(TRAIN_MEMORY):
         if resume and overwrite:
             raise fail("--resume and --overwrite: choose one")
         check_names("--out", options.get("out") or TrainConfig().out)

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.algorithms import ALGORITHMS, build_algorithm
+from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.checks import require_finite
 from pipeline.common.dvc_stage import stage_root
 from pipeline.common.errors import FedrcError, first_few
-from pipeline.common.io import atomic_files, remove_leftovers
+from pipeline.common.io import atomic_files, json_text, remove_leftovers
+from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import writer_lock
 from pipeline.common.sources import module_digest
 from pipeline.config import (
@@ -29,6 +30,7 @@ from pipeline.config import (
 )
 from pipeline.data.benchmark import build_clients, foreign_files, write_benchmark
 from pipeline.data.loaders import DATASETS, PREFIX, dataset_spec, load_dataset
+from pipeline.data.meaning import read_benchmark
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import FederatedData, data_digest, load_federated
 from pipeline.evaluation.accuracy import (
@@ -47,8 +49,17 @@ from pipeline.evaluation.spread import client_spread
 from pipeline.models.layout import head_range
 from pipeline.places import distributed
 from pipeline.run import files as rf
+from pipeline.run.assignments import read_assignments
 from pipeline.run.code import run_code
-from pipeline.run.derived import EVAL, EVAL_CLIENTS, PLOTS, made_from, model_digest, state_digest
+from pipeline.run.derived import (
+    EVAL,
+    EVAL_CLIENTS,
+    PLOTS,
+    foreign_plots,
+    made_from,
+    model_digest,
+    state_digest,
+)
 from pipeline.run.resolve import from_values, recorded_identity, train_config
 from pipeline.run.setup import check_fits
 from pipeline.run.staged import train_staged
@@ -159,11 +170,24 @@ def partition_stage(config: PartitionConfig, overwrite: bool = False) -> Manifes
 
     A benchmark already in `config.out` is replaced only with `overwrite` (runs trained on it
     would no longer evaluate); a folder holding anything else is never replaced."""
+    refuse_replacing_here(Path(config.out))
     with writer_lock(config.out, "--out", "fedrc partition", beside=True):
-        check_partition_out(Path(config.out), overwrite)
         out = Path(os.path.abspath(config.out))  # "." and "x/.." have a name here
-        remove_leftovers(out.parent, [out.name])  # a killed partition's temporary folder
+        # a killed partition's temporary folder; a benchmark it had moved aside comes back
+        remove_leftovers(out.parent, [out.name])
+        check_partition_out(Path(config.out), overwrite)
         return write_benchmark(config, load_dataset(config.dataset, config.data_root, config.hub))
+
+
+def refuse_replacing_here(out: Path) -> None:
+    """`--out` is replaced whole (moved aside, then removed): never the current folder, one
+    holding it, or the file system's root."""
+    target, here = Path(os.path.realpath(out)), Path(os.path.realpath("."))
+    if target == target.parent or target == here or target in here.parents:
+        raise FedrcError(
+            f"--out: {out} is the current folder or holds it, and fedrc replaces --out whole; "
+            "name a folder of its own (e.g. data/federated)"
+        )
 
 
 def check_partition_out(out: Path, overwrite: bool) -> None:
@@ -202,7 +226,7 @@ def run_config(run: Path, option: str = "--run") -> TrainConfig:
     if not path.is_file():
         raise FedrcError(f"{option}: {path} not found (is {run} a `fedrc train` output?)")
     try:
-        values = json.loads(path.read_text())
+        values = parse_json(path.read_text())
         if not isinstance(values, dict):
             raise TypeError("not a mapping")
         values.pop("data_digest", None)
@@ -281,20 +305,23 @@ def _evaluate(config: EvalConfig) -> dict[str, Any]:
         "label_purity": label_purity(omega[part], histograms[part]),
         **cluster_agreement(omega[part], concepts[part]),
         **client_spread(table[:, 1].numpy()[part].tolist(), "final_local_accuracy"),
-        "made_from": made_from(model, final["round"], data_hash),
     }
+    clients_text = json_text(_client_rows(data, table, omega))
+    result["made_from"] = made_from(model, final["round"], data_hash, clients_text)
     if data.time_steps > 1:
-        assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+        identity = rf.run_identity(train_config, data_hash)
+        evaluated, k = rf.evaluated_rounds(metrics), num_models(train_config)
+        assignments = read_assignments(
+            run / rf.ASSIGNMENTS, identity, len(data.clients), evaluated, k
+        )
         per_step = train_config.rounds_per_step or train_config.rounds // data.time_steps
         result["over_time"] = over_time(
             metrics, assignments, data.benchmark, per_step, final["round"], prefix
         )
     require_finite(f"{run / rf.MODEL}: round {final['round']}", result, None)
-    with atomic_files(run / EVAL, run / EVAL_CLIENTS) as (tmp, tmp_clients):
-        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        tmp_clients.write_text(
-            json.dumps(_client_rows(data, table, omega), indent=2, sort_keys=True) + "\n"
-        )
+    with atomic_files(run / EVAL_CLIENTS, run / EVAL) as (tmp_clients, tmp):
+        tmp_clients.write_text(clients_text)
+        tmp.write_text(json_text(result))
     return result
 
 
@@ -346,9 +373,11 @@ def _checked_final(
     executor = make_executor(train_config, data, device)
     head = head_range(executor.model)
     algorithm = build_algorithm(train_config, len(data.clients), data.num_classes, head)
+    flat = executor.flatten()
     expect = rf.Expected(
         rounds=train_config.rounds,
-        models=(algorithm.num_rows, executor.flatten().numel()),
+        models=(algorithm.num_rows, flat.numel()),
+        dtype=flat.dtype,
         omega=tuple(algorithm.omega_table().shape),
         algorithm=algorithm.state_dict(),
         metrics=run / rf.METRICS,
@@ -432,6 +461,12 @@ def plot_stage(config: PlotConfig) -> list[Path]:
     """plots/ in the run folder, which is held while it is drawn (`pipeline.common.run_lock`)."""
     with writer_lock(config.run, "--run", "fedrc plot", create=False):
         remove_leftovers(Path(config.run), [PLOTS])  # a killed plot's temporary folder
+        foreign = foreign_plots(Path(config.run) / PLOTS)
+        if foreign:
+            raise FedrcError(
+                f"--run: {Path(config.run) / PLOTS} holds files fedrc did not write "
+                f"({first_few(foreign)}); `fedrc plot` replaces the folder whole: move them out"
+            )
         return _plot(config)
 
 
@@ -441,10 +476,13 @@ def _plot(config: PlotConfig) -> list[Path]:
 
     run = Path(config.run)
     train_config = run_config(run)
-    manifest = read_manifest(Path(train_config.data))
+    manifest = read_benchmark(Path(train_config.data))
     digest = check_benchmark(run, train_config.data, manifest)
     metrics = rf.read_metrics(run / rf.METRICS)
-    assignments = rf.read_assignments(run / rf.ASSIGNMENTS)
+    identity = rf.run_identity(train_config, digest)
+    clients, rounds = len(manifest.clients), rf.evaluated_rounds(metrics)
+    k = num_models(train_config)
+    assignments = read_assignments(run / rf.ASSIGNMENTS, identity, clients, rounds, k)
     label = ALGORITHMS.get(train_config.algorithm).label(train_config.algorithm_settings)
     folder = run.resolve().name  # runs/fedrc: "FedRC", not "FedRC (fedrc)"
     same = folder.lower() in (train_config.algorithm.lower(), label.lower())

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import snapshot, working_copy
+from conftest import assert_one_line, snapshot, working_copy
 from typer.testing import CliRunner
 
 from fedrc_cli.app import app
@@ -187,4 +187,5 @@ def test_an_unreadable_input_is_not_blamed_on_the_output(here: Path, monkeypatch
 
     monkeypatch.setattr(stages, "run_config", denied)
     result = runner.invoke(app, ["eval", "--run", "r"])
-    assert isinstance(result.exception, PermissionError)  # not turned into an --run error
+    line = assert_one_line(result, "elsewhere/x.json: permission denied", code=2)
+    assert "--run" not in line  # the file it could not read, not the output

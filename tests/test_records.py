@@ -41,7 +41,7 @@ def test_a_manifest_from_before_the_records_loads_and_writes_back_the_same(tmp_p
 def test_json_round_trip(tmp_path: Path) -> None:
     files = {"client-00000.parquet": "ab", "client-00001.parquet": "cd"}
     manifest = Manifest(
-        dataset="synthetic",
+        dataset="tiny-test",  # a plugin's: a built-in name would fix its classes and shape
         source="test",
         image_shape=(4, 4, 1),
         num_classes=2,

@@ -952,7 +952,8 @@ def test_the_model_check_leaves_no_trace() -> None:
     checked = build_model((16, 16, 1), 10, "cnn")
     after_checked = torch.get_rng_state()
     torch.manual_seed(0)
-    plain = MODELS.get("cnn").build((16, 16, 1), 10, None)
+    cnn = MODELS.get("cnn")
+    plain = cnn.build((16, 16, 1), 10, cnn.settings())
     assert torch.equal(after_checked, torch.get_rng_state())
     for a, b in zip(checked.state_dict().values(), plain.state_dict().values()):
         assert torch.equal(a, b)
@@ -1145,13 +1146,16 @@ DERIVED = ("eval.json", "eval_clients.json", "plots")
 
 def test_derived_outputs_name_what_they_were_made_from(here: Path) -> None:
     """eval.json and plots/ record the model.pt they describe (its SHA-256), the round and
-    the benchmark."""
+    the benchmark; eval.json also its eval_clients.json's SHA-256, plots/ its figures."""
     digest = json.loads(Path("r/config.json").read_text())["data_digest"]
     model = state_digest(rf.load_state(here / "r/model.pt"))
     wanted = {"model_digest": model, "round": 2, "data_digest": digest}
-    assert json.loads(Path("r/eval.json").read_text())["made_from"] == wanted
+    clients = hashlib.sha256(Path("r/eval_clients.json").read_bytes()).hexdigest()
+    made = json.loads(Path("r/eval.json").read_text())["made_from"]
+    assert made == {**wanted, "clients_digest": clients}
     drawn = json.loads(Path("r/plots/made_from.json").read_text())
-    assert drawn == {**wanted, "assignments_round": 2}
+    figures = sorted(p.name for p in Path("r/plots").iterdir() if p.suffix == ".png")
+    assert drawn == {**wanted, "assignments_round": 2, "files": figures}
 
 
 @pytest.mark.parametrize("how", ["--overwrite", "--resume"])

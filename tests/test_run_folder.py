@@ -9,9 +9,11 @@ a read-only file system is named as such, and a failed command leaves no empty f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 import types
 from pathlib import Path
@@ -102,27 +104,94 @@ def test_a_failed_extension_leaves_the_finished_run_whole(here: Path, monkeypatc
     assert rf.load_state(Path("r/model.pt"))["round"] == 3
 
 
-def test_an_extension_stopped_at_its_checkpoint_is_resumable(here: Path, monkeypatch) -> None:
-    """Past the point where the extension writes its files, the folder is an unfinished 3-round
-    run, not a 2-round model beside a 3-round config.json: a plain `--resume` finishes it."""
-    real = Path.write_bytes
+@pytest.mark.parametrize(
+    ("fault", "file"),
+    [
+        (errno.ENOSPC, "checkpoint.pt"),
+        (errno.EFBIG, "checkpoint.pt"),
+        (errno.ENOSPC, "config.json"),
+    ],
+)
+def test_an_extension_that_cannot_write_its_checkpoint_leaves_the_run_whole(
+    here: Path, monkeypatch, fault: int, file: str
+) -> None:
+    """A full disk or a file-size limit at the extension's first checkpoint (whichever of its
+    files it hits): nothing the finished run holds was removed or rewritten, model.pt, eval.json
+    and plots/ included; the same command later extends it."""
+    real = Path.write_bytes if file.endswith(".pt") else Path.write_text
 
-    def disk_full_at_checkpoint(self, data):
-        if self.name.startswith(".checkpoint.pt.tmp"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(self, data)
+    def failing(self, data, *args, **kwargs):
+        if self.name.startswith(f".{file}.tmp"):
+            raise OSError(fault, os.strerror(fault))
+        return real(self, data, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_bytes", disk_full_at_checkpoint)
+    before = run_files(here)
+    method = "write_bytes" if file.endswith(".pt") else "write_text"
+    monkeypatch.setattr(Path, method, failing)
     result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
-    refused(result, "r/checkpoint.pt: no space left", code=1)
-    assert json.loads(Path("r/config.json").read_text())["rounds"] == 3
-    assert not Path("r/model.pt").exists()  # not a finished run any more
-    assert rf.load_state(Path("r/checkpoint.pt"))["round"] == 2
-    monkeypatch.setattr(Path, "write_bytes", real)
-    result = invoke("train", *TRAIN, "--out", "r", "--resume")
+    refused(result, f"r/{file}", code=1 if fault == errno.ENOSPC else 2)
+    assert run_files(here) == before
+    monkeypatch.setattr(Path, method, real)
+    result = invoke("train", *TRAIN, "--rounds", "3", "--out", "r", "--resume")
     assert result.exit_code == 0, result.output
     assert rf.load_state(Path("r/model.pt"))["round"] == 3
     assert [r["round"] for r in rf.read_metrics(Path("r/metrics.jsonl"))] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2, 3, 4])
+def test_an_extension_killed_between_its_renames_is_resumable(
+    here: Path, monkeypatch, renamed: int
+) -> None:
+    """A kill after any of the four renames of the extension's first checkpoint (metrics.jsonl,
+    assignments.parquet, config.json, checkpoint.pt; 4: before model.pt goes): eval never scores
+    a model.pt of fewer rounds than metrics.jsonl, and `--resume --rounds 3` finishes the run
+    with the numbers of an extension that was never stopped."""
+    import pipeline.run.log as log
+
+    class Killed(BaseException):
+        pass
+
+    shutil.copytree("r", "clean")
+    extend = [*TRAIN, "--rounds", "3", "--resume"]
+    assert invoke("train", *extend, "--out", "clean").exit_code == 0
+    real_files, real_replace, real_unlink = log.atomic_files, os.replace, Path.unlink
+    state = {"active": False, "renames": 0}
+
+    @contextlib.contextmanager
+    def watched(*targets):
+        with real_files(*targets) as tmps:
+            yield tmps
+            state["active"] = True  # the renames come next
+
+    def replace(src, dst):
+        if state["active"] and state["renames"] == renamed:
+            raise Killed
+        state["renames"] += state["active"]
+        return real_replace(src, dst)
+
+    def unlink(self, missing_ok=False):
+        if state["active"] and self.name == rf.MODEL:
+            raise Killed
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(log, "atomic_files", watched)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(Killed):
+        runner.invoke(app, ["train", *extend, "--out", "r"], catch_exceptions=False)
+    monkeypatch.setattr(log, "atomic_files", real_files)
+    monkeypatch.setattr(os, "replace", real_replace)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    scored = invoke("eval", "--run", "r")
+    if renamed == 0:
+        assert scored.exit_code == 0, scored.output  # still the finished 2-round run
+    else:
+        refused(scored, "r/model.pt", "has not finished")
+    assert invoke("train", *extend, "--out", "r").exit_code == 0
+    rows = [rf.read_metrics(Path(run, rf.METRICS)) for run in ("r", "clean")]
+    for row in (*rows[0], *rows[1]):
+        row.pop("seconds")
+    assert rows[0] == rows[1] and rf.load_state(Path("r/model.pt"))["round"] == 3
 
 
 @pytest.mark.parametrize("how", [[], ["--resume"]])
@@ -165,7 +234,8 @@ def test_resuming_with_fewer_rounds_names_the_option(here: Path) -> None:
 def test_a_run_terminated_before_its_first_checkpoint_says_how_to_go_on(
     here: Path, monkeypatch
 ) -> None:
-    """The message says what the code does: the same command again starts the run over."""
+    """The message says what the code does: the same command again starts the run over; and
+    what the stopped run had written (config.json, DVCLive's files) is gone with it."""
     import pipeline.run.training as training
 
     real = training.train_round
@@ -177,10 +247,11 @@ def test_a_run_terminated_before_its_first_checkpoint_says_how_to_go_on(
     monkeypatch.setattr(training, "train_round", terminated)
     line = refused(invoke(*args), "terminated (SIGTERM) before the first round ended", code=143)
     assert line.endswith("no checkpoint yet: run the same command again to start it over"), line
+    assert not Path("t").exists()  # nothing half-written: the folder it made is gone too
     monkeypatch.setattr(training, "train_round", real)
     result = invoke(*args)
     assert result.exit_code == 0, result.output
-    assert "starting it over" in result.stderr
+    assert result.stderr == ""
 
 
 LEFTOVERS = {  # what killed writes leave, by the command whose next run removes them
@@ -417,3 +488,131 @@ def test_atomic_dir_and_tempfile_modes_match_plain_mkdir(tmp_path: Path) -> None
     assert made.stat().st_mode & 0o777 == 0o700  # mkdtemp ignores the umask
     plain = (tmp_path / "plain").stat().st_mode & 0o777
     assert (tmp_path / "atomic").stat().st_mode & 0o777 == plain == 0o750
+
+
+# ---- issue 40: nothing lost, nothing a user's deleted ----------------------------------------
+
+
+@pytest.mark.parametrize("then", [["partition", *PART_ARGS, "--out", "d"], ["info", "d"]])
+def test_a_benchmark_moved_aside_by_a_killed_overwrite_is_put_back_or_named(
+    here: Path, then: list[str]
+) -> None:
+    """`partition --overwrite` killed between its two renames: `d` is gone, its previous
+    version waits as `.d.old-PID` (and the new one, finished or not, as `.d.tmp-*`). The next
+    partition puts the old one back (a warning says so) and, without --overwrite, keeps it; a
+    reader names where the benchmark waits instead of deleting anything."""
+    before = snapshot(here / "d")
+    Path("d").rename(".d.old-4242")
+    shutil.copytree(".d.old-4242", ".d.tmp-k1ll3d08")
+    result = invoke(*then)
+    if then[0] == "partition":
+        warning, error = stderr_lines(result)
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert warning.startswith("Warning: ") and "d: put back from .d.old-4242" in warning
+        assert error.startswith("Error: --out: d already holds a benchmark")
+        assert snapshot(here / "d") == before
+        assert not Path(".d.old-4242").exists() and not Path(".d.tmp-k1ll3d08").exists()
+    else:
+        refused(result, "d not found", ".d.old-4242", "fedrc partition --out d")
+        assert Path(".d.old-4242").is_dir() and not Path("d").exists()
+
+
+def test_plots_moved_aside_by_a_killed_plot_come_back_before_the_next(here: Path) -> None:
+    Path("r/plots").rename("r/.plots.old-4242")
+    result = invoke("plot", "--run", "r", "--dpi", "30")
+    assert result.exit_code == 0, result.output
+    assert "put back" in result.stderr and not Path("r/.plots.old-4242").exists()
+    assert (here / "r/plots/omega.png").is_file()
+
+
+def test_a_failed_replacement_of_a_folder_keeps_the_old_one(tmp_path: Path, monkeypatch) -> None:
+    """The second rename of `atomic_dir` fails (a busy target, a full file system table): the
+    old folder is put back, the new one removed; nothing is left aside."""
+    target = tmp_path / "d"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    real = Path.rename
+
+    def fail_second(self, to):
+        if self.name.startswith(".d.tmp-"):
+            raise OSError(errno.EBUSY, "busy")
+        return real(self, to)
+
+    monkeypatch.setattr(Path, "rename", fail_second)
+    with pytest.raises(OSError), atomic_dir(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert [p.name for p in target.iterdir()] == ["old.txt"]
+
+
+@pytest.mark.parametrize("name", [".config.json.tmp-mine", ".metrics.jsonl.tmp-", ".plots.old-x"])
+def test_a_users_file_named_like_a_temporary_is_not_removed(here: Path, name: str) -> None:
+    """Only fedrc's exact temporary names (`.NAME.tmp-` and 8 drawn characters or a pid,
+    `.NAME.old-` and a pid) are leftovers; a user's look-alike stays (and train refuses the
+    folder as not only a run's rather than delete it)."""
+    Path("r", name).write_text("mine")
+    refused(invoke("train", *TRAIN, "--rounds", "2", "--out", "r", "--overwrite"), name)
+    assert Path("r", name).read_text() == "mine"
+    assert invoke("eval", "--run", "r").exit_code == 0 and Path("r", name).is_file()
+
+
+def test_a_users_files_in_plots_and_dvclive_are_kept(here: Path) -> None:
+    """plots/ holding a file fedrc did not draw: `fedrc plot` (which replaces the folder) is
+    refused; `train --overwrite` removes fedrc's figures and DVCLive's files and keeps the
+    user's, with their folders."""
+    Path("r/plots/notes.txt").write_text("mine")
+    Path("r/dvclive").mkdir(exist_ok=True)
+    Path("r/dvclive/notes.md").write_text("mine too")
+    refused(invoke("plot", "--run", "r"), "r/plots holds files fedrc did not write (notes.txt)")
+    result = invoke("train", *TRAIN, "--rounds", "2", "--out", "r", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert Path("r/plots/notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in Path("r/plots").iterdir()) == ["notes.txt"]
+    assert Path("r/dvclive/notes.md").read_text() == "mine too"
+
+
+@pytest.mark.parametrize("before", ["nothing", "empty", "lock"])
+def test_resume_where_nothing_was_written_says_to_start_the_run(here: Path, before: str) -> None:
+    """A run killed before it wrote its first file (loading its data) leaves at most its
+    folder and a lock file: `--resume` says to start it without --resume (a mistyped --out
+    would otherwise start a run), and the command without it does."""
+    if before != "nothing":
+        Path("k").mkdir()
+    if before == "lock":
+        Path("k/.fedrc.lock").write_text('{"pid": 999999}')
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "k", "--resume")
+    refused(result, "--resume: no run to resume in k", "run the same command without --resume")
+    result = invoke("train", *TRAIN, "--rounds", "1", "--out", "k")
+    assert result.exit_code == 0, result.output
+    assert rf.load_state(Path("k/model.pt"))["round"] == 1
+
+
+@pytest.mark.parametrize("where", ["new", "overwritten"])
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(
+    here: Path, monkeypatch, where: str
+) -> None:
+    """Diverged in round 1 (no checkpoint yet): the files it wrote (config.json, metrics,
+    DVCLive's) are removed, and so is the folder it made; --overwrite had removed the old run
+    already, so the folder is left empty of fedrc's files."""
+    import pipeline.run.training as training
+
+    def diverged(round_, run, *args):
+        raise FedrcError(f"round {round_}: training diverged; lower --lr")
+
+    monkeypatch.setattr(training, "train_round", diverged)
+    out = "new" if where == "new" else "r"
+    extra = ["--overwrite"] if where == "overwritten" else []
+    refused(invoke("train", *TRAIN, "--rounds", "2", "--out", out, *extra), "diverged")
+    if where == "new":
+        assert not Path("new").exists()
+    else:
+        assert not [p for p in Path("r").iterdir() if p.name in rf.TRAIN_FILES]
+
+
+def test_dvcs_gitignore_in_plots_is_not_a_users_file(here: Path) -> None:
+    """A plot stage's outputs are files in plots/, so DVC writes plots/.gitignore (and again
+    after the stage): `fedrc plot` under `dvc repro` draws over it."""
+    Path("r/plots/.gitignore").write_text("/cluster_map.png\n")
+    result = invoke("plot", "--run", "r", "--dpi", "30")
+    assert result.exit_code == 0, result.output
+    assert Path("r/plots/made_from.json").is_file()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import snapshot, working_copy
+from conftest import assert_one_line, snapshot, working_copy
 from typer.testing import CliRunner
 
 import pipeline.common.run_lock as run_lock
@@ -357,3 +357,51 @@ def test_eval_and_plot_during_a_training_are_refused_and_never_mix_its_rounds(he
         "the run was extended and has not finished",
     )
     assert last > 2 and snapshot(here) == before
+
+
+# ---- issue 40: the lock file is fedrc's own ------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["eval", "plot", "train --resume"])
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(
+    here: Path, command: str
+) -> None:
+    """`.fedrc.lock` a symbolic link to a user's file (or to nowhere): opened with O_NOFOLLOW,
+    it is refused in one line; the user's file keeps its bytes."""
+    Path("mine.txt").write_text("a user's file\n")
+    (here / "r" / LOCK).symlink_to(here / "mine.txt")
+    args = {"eval": ["eval", "--run", "r"], "plot": ["plot", "--run", "r", "--dpi", "30"]}
+    args["train --resume"] = SECOND["train --resume"]
+    result = runner.invoke(app, args[command])
+    assert_one_line(result, f"r/{LOCK}", "symbolic link", code=2)
+    assert Path("mine.txt").read_text() == "a user's file\n"
+    assert (here / "r" / LOCK).is_symlink()
+
+
+@pytest.mark.parametrize("what", ["folder", "dangling link"])
+def test_a_lock_path_that_is_a_folder_or_a_dangling_link_is_one_line(here: Path, what: str) -> None:
+    lock = here / "r" / LOCK
+    if what == "folder":
+        lock.mkdir()
+    else:
+        lock.symlink_to(here / "nowhere")
+    line = assert_one_line(runner.invoke(app, ["eval", "--run", "r"]), f"r/{LOCK}", code=2)
+    assert ("folder" in line) == (what == "folder") and not (here / "nowhere").exists()
+
+
+def test_a_lock_that_cannot_be_opened_is_one_line(here: Path, monkeypatch) -> None:
+    """Another user's lock file (mode 0600), or a folder the lock cannot be created in:
+    EACCES from the open, named with the lock's path."""
+    import errno
+
+    real = os.open
+
+    def denied(path, flags, *args):
+        if str(path).endswith(LOCK):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(run_lock.os, "open", denied)
+    for args in (["eval", "--run", "r"], SECOND["partition"]):
+        line = assert_one_line(runner.invoke(app, args), LOCK, "permission denied", code=2)
+        assert "Traceback" not in line

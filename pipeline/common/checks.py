@@ -20,13 +20,14 @@ def non_finite_keys(values: Any, prefix: str = "") -> list[str]:
 
 
 def require_finite(
-    where: str, scores: dict[str, Any], logits: torch.Tensor | None, lr: float | None = None
+    where: str, scores: dict[str, Any], logits: torch.Tensor | None, hint: str | None = None
 ) -> None:
-    """Refuse NaN / inf logits or scores: the models diverged (or the weights are damaged)."""
+    """Refuse NaN / inf logits or scores: the models diverged (or the weights are damaged);
+    `hint` says what to change (default: retrain with a lower --lr)."""
     bad = []
     if logits is not None and not bool(torch.isfinite(logits).all()):
         bad.append("logits")
     bad += non_finite_keys(scores)
     if bad:
-        hint = f"lower --lr (now {lr})" if lr is not None else "retrain with a lower --lr"
+        hint = hint or "retrain with a lower --lr"
         raise FedrcError(f"{where}: non-finite {', '.join(bad[:3])} — the models diverged; {hint}")

@@ -1,5 +1,9 @@
 """The one exception type for problems a user can fix."""
 
+from __future__ import annotations
+
+import reprlib
+
 
 class FedrcError(Exception):
     """A bad option, a missing or corrupt file: the CLI prints the message on one line and exits 2.
@@ -21,3 +25,15 @@ def first_few(names: list[str], most: int = 3) -> str:
 class FedrcWarning(UserWarning):
     """Something a user should know that does not stop the command: the CLI prints the
     message on one line (`warnings.warn(FedrcWarning(...))` in the library)."""
+
+
+def brief(value: object, most: int = 80) -> str:
+    """`repr(value)` for a message, at most `most` characters: a value read from a user's file
+    may be huge (a long list, a YAML alias expanded), and a message is one line."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxtuple = 3, 6, 4, 6
+_SHORT.maxstring = _SHORT.maxother = 60

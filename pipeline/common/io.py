@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.common.errors import FedrcError
+from pipeline.common.errors import FedrcError, FedrcWarning
 
 
 @contextmanager
@@ -47,21 +49,37 @@ def user_umask() -> int:
     return umask
 
 
+# The names fedrc gives temporaries beside an output NAME: `.NAME.tmp-` and the 8 characters
+# tempfile draws (`atomic_file`, `atomic_dir`) or a pid (a momentum snapshot), `.NAME.old-` and
+# a pid (`atomic_dir`, between its two renames). Only names of exactly this form are fedrc's:
+# `.notes.tmp-mine` is a user's file.
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:tmp-(?:[a-z0-9_]{8}|[0-9]+)|old-[0-9]+)")
+OLD = ".old-"
+
+
 def leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) -> list[Path]:
     """The temporary files and folders that killed atomic writes of `names` (and of names
     matching the glob `patterns`) left in `folder`: `.NAME.tmp-*` (`atomic_file`, `atomic_dir`)
-    and `.NAME.old-*` (`atomic_dir`, between its two renames)."""
+    and `.NAME.old-*` (`atomic_dir`, between its two renames), in fedrc's exact forms."""
     found: set[Path] = set()
     for stem in [*map(glob.escape, names), *patterns]:
         for kind in ("tmp", "old"):
-            found.update(folder.glob(f".{stem}.{kind}-*"))
+            found.update(p for p in folder.glob(f".{stem}.{kind}-*") if is_temporary(p.name))
     return sorted(found)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` has the form of a temporary fedrc writes beside an output."""
+    return TEMPORARY.fullmatch(name) is not None
 
 
 def remove_leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str] = ()) -> None:
     """Remove `leftovers(folder, names, patterns)`; call it only while holding the folder's
     writer lock (`pipeline.common.run_lock`), so that no live write's temporary path is among
-    them."""
+    them. A folder that `atomic_dir` moved aside and a kill kept from coming back (the output
+    is gone, its old copy is there) is put back first, with a warning (`recover_dir`)."""
+    for name in names:
+        recover_dir(folder / name)
     for path in leftovers(folder, names, patterns):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -69,23 +87,54 @@ def remove_leftovers(folder: Path, names: Sequence[str], patterns: Sequence[str]
             path.unlink(missing_ok=True)
 
 
+def recover_dir(target: Path) -> None:
+    """Undo an `atomic_dir` replacement of `target` stopped between its two renames (killed):
+    `target` is gone and its previous version waits beside it as `.NAME.old-PID`; it is put
+    back (the newest, if several), and a warning says so. The new version is not used: nothing
+    says it was finished."""
+    if os.path.lexists(target):
+        return
+    aside = [p for p in leftovers(target.parent, [target.name]) if OLD in p.name and p.is_dir()]
+    if not aside:
+        return
+    newest = max(aside, key=lambda p: p.stat().st_mtime)
+    newest.rename(target)
+    warnings.warn(
+        FedrcWarning(
+            f"{target}: put back from {newest.name}, where a replacement of it was stopped "
+            "half-way (killed between its two renames); the unfinished new version is removed"
+        ),
+        stacklevel=2,
+    )
+
+
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside `target`; on success it replaces `target` whole."""
-    with naming(target):
+    """Yield a temporary folder beside `target`; on success it replaces `target` whole: the old
+    one is moved aside, the new one renamed into place, then the old one removed. A failure of
+    either rename puts the old one back; a kill between them is undone by `recover_dir`."""
+    shown, target = target, Path(os.path.abspath(target))  # "." and "x/.." have a name here
+    with naming(shown):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         tmp.chmod(0o777 & ~user_umask())  # mkdtemp makes 0700 folders; the user's umask rules
+    old = target.parent / f".{target.name}{OLD}{os.getpid()}"
     try:
-        with naming(target), _inside(tmp, target):
+        with naming(shown), _inside(tmp, shown):
             yield tmp
+        moved = False
+        try:
+            if os.path.lexists(target):
+                target.rename(old)
+                moved = True
+            tmp.rename(target)
+        except BaseException:
+            if moved and not os.path.lexists(target):
+                old.rename(target)
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = target.parent / f".{target.name}.old-{os.getpid()}"
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -107,15 +156,39 @@ def atomic_file(target: Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_files(*targets: Path) -> Iterator[list[Path]]:
-    """Like `atomic_file` for several files that belong together: all are renamed, or none."""
+    """Like `atomic_file` for several files that belong together: each is written to its
+    temporary path first, then all are renamed, in the order given (a kill between two renames
+    leaves the first ones new: order them so that any prefix is a state the reader accepts).
+    An error in the body leaves every target as it was; an OSError there names the target
+    whose temporary path it names, else the last target."""
     with ExitStack() as stack:
-        tmps = [stack.enter_context(atomic_file(t)) for t in targets]
-        yield tmps  # an error in the body leaves every target as it was
+        tmps = []
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+            os.close(fd)
+            tmps.append(Path(name))
+            stack.callback(tmps[-1].unlink, missing_ok=True)
+            tmps[-1].chmod(0o666 & ~user_umask())  # mkstemp makes 0600 files
+        try:
+            yield tmps
+        except OSError as e:
+            named = {str(tmp): target for tmp, target in zip(tmps, targets)}
+            e.filename = str(named.get(str(e.filename), e.filename or targets[-1]))
+            raise
+        for tmp, target in zip(tmps, targets):
+            with naming(target):
+                os.replace(tmp, target)
+
+
+def json_text(data: Any) -> str:
+    """`data` as fedrc writes a JSON file: sorted keys, indented, a final newline."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def write_json(path: Path, data: Any) -> None:
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json_text(data))
 
 
 def read_parquet(

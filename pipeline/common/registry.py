@@ -80,9 +80,15 @@ def _import(target: str, what: str) -> Any:
         obj: Any = _import_module(source)
         for part in attribute.split("."):
             obj = getattr(obj, part)
-    except Exception as e:  # a plugin's import may raise anything; say which and go on
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-        raise FedrcError(f"{what} failed to load ({reason})") from None
+    except KeyboardInterrupt:  # Ctrl-C, or the plugin raised it: stop, saying where
+        raise KeyboardInterrupt(f"while importing {what}") from None
+    except (Exception, SystemExit) as e:  # a plugin's import may raise, or exit: say which
+        if isinstance(e, SystemExit):
+            reason = f"it called sys.exit({e.code!r}) on import"
+        else:
+            first = str(e).splitlines()[0] if str(e) else ""
+            reason = f"{type(e).__name__}: {first}".rstrip(": ")
+        raise FedrcError(f"{what} failed to load ({reason[:200]})") from None
     return obj
 
 

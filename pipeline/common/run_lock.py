@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import FedrcError
+from pipeline.common.reading import parse_json
 
 try:
     import fcntl
@@ -105,7 +106,7 @@ def _read_holder(path: Path, fd: int | None = None) -> dict[str, Any]:
         except OSError:
             data = b""
         try:
-            record = json.loads(data)
+            record = parse_json(data)
             if isinstance(record, dict):
                 return record
         except ValueError:
@@ -143,9 +144,34 @@ def _acquire(path: Path, option: str, folder: Path, command: str):
     return _acquire_exclusive(path, option, folder, command)
 
 
+# The lock file is fedrc's own: never a link to someone's file (which it would truncate).
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open(path: Path, option: str, flags: int) -> int:
+    """The lock file opened with `flags` (never through a symbolic link), or a FedrcError
+    naming `option` and what is in the way."""
+    try:
+        return os.open(path, flags | NOFOLLOW, 0o666)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno in UNSUPPORTED:
+            raise
+        what = {
+            errno.ELOOP: "is a symbolic link (fedrc's lock file never is one); remove it",
+            errno.EISDIR: "is a folder where fedrc keeps its lock file; remove it",
+            errno.EACCES: "cannot be opened (permission denied: another user's lock, or a "
+            "folder you cannot write)",
+            errno.EPERM: "cannot be opened (permission denied)",
+            errno.EROFS: "cannot be created (read-only file system)",
+        }.get(e.errno or 0, f"cannot be opened ({e.strerror or e})")
+        raise FedrcError(f"{option}: lock file {path} {what}") from None
+
+
 def _acquire_flock(path: Path, option: str, folder: Path, command: str):
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fd = _open(path, option, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -204,7 +230,7 @@ def _acquire_exclusive(path: Path, option: str, folder: Path, command: str):
     """Without flock: the lock file itself, created exclusively; a dead holder's is removed."""
     for _ in range(10):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = _open(path, option, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             holder = _read_holder(path)
             if holder and _alive(holder):

@@ -11,20 +11,48 @@ A field made with `setting(default, "what it does")` carries the one-line descri
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pipeline.common.errors import FedrcError
+from pipeline.common.errors import FedrcError, brief
 
 S = TypeVar("S")
+FLOAT32_MAX = 3.4028234663852886e38  # torch computes in float32: a larger number overflows
 
 
 def require(ok: bool, key: str, expected: str, value: Any) -> None:
     if not ok:
-        raise FedrcError(f"{key}: expected {expected}, got {value!r}")
+        raise FedrcError(f"{key}: expected {expected}, got {brief(value)}")
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    """ " (did you mean 'lr'?)" for a near miss among `known`, else ""."""
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def float_problem(value: float) -> str | None:
+    """What makes a float setting unusable (inf, nan, beyond float32), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number"
+    if abs(value) > FLOAT32_MAX:
+        return "a number of at most 3.4e38 in magnitude (torch's float32)"
+    return None
+
+
+def path_problem(value: str) -> str | None:
+    """What makes a path setting unusable, or None: empty ("" is the current folder to some
+    calls and nothing to others) or holding a control character (a NUL byte no system call
+    takes; a newline breaks every one-line message that names the path)."""
+    if value == "":
+        return "a path, not an empty string"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "a path without control characters (NUL, newline, …)"
+    return None
 
 
 def positive(value: float) -> bool:
@@ -50,7 +78,8 @@ def coerce(key: str, value: Any, annotation: Any) -> Any:
     elif annotation is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         require(ok, key, "a number", value)
-        require(math.isfinite(value), key, "a finite number", value)
+        problem = float_problem(value)
+        require(problem is None, key, problem or "", value)
         return float(value)
     elif annotation is str:
         require(isinstance(value, str), key, "a string", value)
@@ -94,7 +123,8 @@ def build_settings(cls: type[S], values: dict[str, Any], where: str) -> S:
     for key, value in values.items():
         if key not in types_:
             known = ", ".join(types_) or "none"
-            raise FedrcError(f"{where}.{key}: unknown setting (known: {known})")
+            hint = did_you_mean(str(key), list(types_))
+            raise FedrcError(f"{where}.{key}: unknown setting{hint} (known: {known})")
         checked[key] = coerce(f"{where}.{key}", value, types_[key])
     settings = cls(**checked)
     try:
@@ -108,11 +138,13 @@ SEED_MAX = 2**32 - 1  # numpy's and torch's seeds; a negative one is refused by 
 SEEDS = "an integer in [0, 2**32-1]"
 
 
-def option(default: Any, help: str, default_factory: Any = None) -> Any:
-    """A field with the help text `fedrc <stage> --help` shows for its option."""
+def option(default: Any, help: str, default_factory: Any = None, path: bool = False) -> Any:
+    """A field with the help text `fedrc <stage> --help` shows for its option; `path`: its
+    value names a file or folder (checked by `path_problem`)."""
+    metadata = {"help": help, "path": path}
     if default_factory is not None:
-        return field(default_factory=default_factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from pipeline.config.params import (
     SECTIONS,
     build_config,
     checked_values,
+    mapping,
     read_params,
-    refuse_non_finite,
+    refuse_unusable,
     section,
 )
 from pipeline.config.sections import (
@@ -40,7 +41,8 @@ __all__ = [
     "build_config",
     "checked_values",
     "config_dict",
+    "mapping",
     "read_params",
-    "refuse_non_finite",
+    "refuse_unusable",
     "section",
 ]

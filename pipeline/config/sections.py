@@ -94,7 +94,7 @@ class TrainConfig:
     }
 
     # Run
-    data: str = option("data/federated", "Folder written by `fedrc partition`.")
+    data: str = option("data/federated", "Folder written by `fedrc partition`.", path=True)
     algorithm: str = option("fedrc", "Built-in (`fedrc info`), a plugin, or module:Name.")
     clusters: int = option(3, "K, the number of models.")
     model: str = option("cnn", "cnn, mobilenet_v2, resnet18, a plugin, or module:Name.")
@@ -104,7 +104,7 @@ class TrainConfig:
         "divergences in that code (IFCA's zeroed models, …).",
     )
     seed: int = option(0, "Seed for models, sampling and batches.")
-    out: str = option("runs/fedrc", "Run folder.")
+    out: str = option("runs/fedrc", "Run folder.", path=True)
 
     # Rounds
     rounds: int = option(200, "Communication rounds.")
@@ -318,7 +318,7 @@ class TrainConfig:
 class EvalConfig:
     """How `fedrc eval` scores a run."""
 
-    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.")
+    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.", path=True)
     hard: bool = option(
         False, "Predict with the model of largest ω (hard) or the ω-weighted ensemble (soft)."
     )
@@ -351,7 +351,7 @@ class EvalConfig:
 class PlotConfig:
     """What `fedrc plot` draws."""
 
-    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.")
+    run: str = option("runs/fedrc", "Run folder written by `fedrc train`.", path=True)
     dpi: int = option(120, "Resolution of the PNG files.")
     format: list[str] = option(
         None,

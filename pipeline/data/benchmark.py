@@ -35,7 +35,7 @@ from pipeline.common.errors import FedrcError
 from pipeline.common.io import atomic_dir
 from pipeline.common.settings import config_dict
 from pipeline.data.client_mix import client_types, mix_groups
-from pipeline.data.concepts import Concept, parse_concepts
+from pipeline.data.concepts import Concept, check_distinct, parse_concepts
 from pipeline.data.corruptions import check_style, corrupt, suite_for
 from pipeline.data.drift import build_schedule
 from pipeline.data.label_splits import LabelSplit, split_labels
@@ -92,6 +92,7 @@ def build_clients(config: PartitionConfig, raw: RawDataset) -> Iterator[ClientDa
     split = _split(split_config, raw, pool_labels, len(concepts), np.random.default_rng(split_seq))
     for concept_ in concepts:
         concept_.check(raw.num_classes, len(raw.label_rules))
+    check_distinct(concepts, raw.num_classes)
     groups = mix_groups(config.client_mix, len(config.concepts), config.client_shares)
     concept, corrupted = client_types(config.clients, groups, np.random.default_rng(types_seq))
     if "concept" not in config.shifts:

@@ -21,6 +21,7 @@ Table 13's caption swaps the two noise names; these are the usual definitions (X
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,54 @@ class Concept:
         else:  # symmetric: an offset in 1..C-1 is a uniformly random *other* class
             out[flip] = (y[flip] + rng.integers(1, num_classes, size=flip.size)) % num_classes
         return out
+
+
+NOISE = ("pair_flip", "symmetric")
+
+
+def label_map(concept: Concept, num_classes: int) -> tuple[Any, ...]:
+    """What `concept` does to the labels, comparable between concepts: the map of every class
+    for a fixed relabelling (a noise rate of 0 is one), else the kind and its parameter."""
+    if concept.kind == "native" or (concept.kind in NOISE and concept.parameter != 0):
+        return (concept.kind, concept.parameter)
+    classes = np.arange(num_classes)
+    if concept.kind in NOISE:
+        return tuple(classes.tolist())
+    return tuple(concept.relabel(classes, num_classes, np.random.default_rng(0)).tolist())
+
+
+def check_distinct(concepts: list[Concept], num_classes: int) -> None:
+    """Two concepts that map the labels alike (`shift:0` and `identity`, `swap:1-2` and
+    `swap:2-1`, `shift:11` and `shift:1` with 10 classes) are one concept under two names: the
+    benchmark would count it twice. A parameter that changes no label (`shift:10`, `pair_flip:0`)
+    is the identity by another name."""
+    identity = tuple(range(num_classes))
+    seen: dict[tuple[Any, ...], str] = {}
+    for concept in concepts:
+        mapped = label_map(concept, num_classes)
+        if mapped == identity and concept.kind != "identity":
+            raise FedrcError(
+                f"partition.concepts: {concept.name!r} changes no label with {num_classes} "
+                "classes (it is the identity); write identity, or another parameter"
+            )
+        if mapped in seen:
+            raise FedrcError(
+                f"partition.concepts: {concept.name!r} maps the labels as {seen[mapped]!r} does "
+                f"(with {num_classes} classes): one concept under two names; drop one"
+            )
+        seen[mapped] = concept.name
+
+
+def agrees(concept: Concept, true: np.ndarray, labels: np.ndarray, num_classes: int) -> bool:
+    """Whether `labels` can be `concept`'s labels of the true classes `true`: its map itself
+    for a fixed relabelling, the true class or the next for `pair_flip`; any for `symmetric`
+    noise and a stream's `native` rule (which the labels alone cannot show)."""
+    if concept.kind in ("symmetric", "native"):
+        return True
+    if concept.kind == "pair_flip":
+        return bool(((labels == true) | (labels == (true + 1) % num_classes)).all())
+    mapped = concept.relabel(np.arange(num_classes), num_classes, np.random.default_rng(0))
+    return bool((mapped[true] == labels).all())
 
 
 def parse_concept(spec: str) -> Concept:

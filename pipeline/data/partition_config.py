@@ -13,10 +13,10 @@ from pipeline.common.settings import SEED_MAX, SEEDS, option
 from pipeline.common.settings import positive as _positive
 from pipeline.common.settings import require as _require
 from pipeline.data.client_mix import MIXES, check_shares
-from pipeline.data.concepts import parse_concepts
+from pipeline.data.concepts import check_distinct, parse_concepts
 from pipeline.data.corruptions import CORRUPTIONS, accepted, suite_name
 from pipeline.data.drift import PRESETS, check_drift
-from pipeline.data.loaders import PREFIX, HubColumns, dataset_spec
+from pipeline.data.loaders import PREFIX, HubColumns, check_data_root, dataset_spec
 from pipeline.data.loaders.recorded import RECORDED
 from pipeline.data.partitioners import check_partitioner
 
@@ -52,6 +52,7 @@ class PartitionConfig:
         "Folder with the dataset's files (IDX files, cifar-10-batches-py/, cifar-100-python/, "
         "tiny-imagenet-200/, an image tree, a stream's CSV / ARFF file, an hf: dataset's local "
         "copy); a download goes there too.",
+        path=True,
     )
     split: str | None = option(None, "hf: the split of training samples (none: train).")
     test_split: str | None = option(
@@ -150,7 +151,7 @@ class PartitionConfig:
         "events {step, clients | share, concept}.",
     )
     seed: int = option(0, "Seed: same seed, same bytes.")
-    out: str = option("data/federated", "Output folder.")
+    out: str = option("data/federated", "Output folder.", path=True)
 
     def __post_init__(self) -> None:
         if self.shifts is None:  # the shifts the dataset takes; a recorded stream: its own drift
@@ -186,6 +187,7 @@ class PartitionConfig:
     def validate(self) -> None:
         p = "partition"
         spec = dataset_spec(self.dataset, f"{p}.dataset")
+        check_data_root(spec, self.data_root)
         _require(self.replicate >= 1, f"{p}.replicate", "an integer >= 1", self.replicate)
         _require(self.clients >= 2, f"{p}.clients", "an integer >= 2", self.clients)
         spc = self.samples_per_client
@@ -219,13 +221,15 @@ class PartitionConfig:
         _require(
             _positive(self.alpha_within), f"{p}.alpha_within", "a number > 0", self.alpha_within
         )
-        if spec.num_classes is not None:  # else checked against the loaded data
-            self.check_classes(spec.num_classes)
         g = self.label_groups
         if self.label_split.startswith("cluster_"):
             _require(1 <= g <= self.clients, f"{p}.label_groups", "an integer in [1, clients]", g)
         _require(self.min_samples >= 2, f"{p}.min_samples", "an integer >= 2", self.min_samples)
         concepts = parse_concepts(self.concepts)
+        if spec.num_classes is not None:  # else checked against the loaded data
+            self.check_classes(spec.num_classes)
+            if "concept" in self.shifts:
+                check_distinct(concepts, spec.num_classes)
         mixes = MIXES
         _require(self.client_mix in mixes, f"{p}.client_mix", f"one of {mixes}", self.client_mix)
         if self.client_mix == "custom":

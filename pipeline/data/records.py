@@ -494,4 +494,6 @@ def read_manifest(folder: Path, option: str = "--data") -> Manifest:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: corrupt manifest ({e})") from None
+    except RecursionError:  # nested deeper than the parser follows
+        raise FedrcError(f"{path}: corrupt manifest (nested too deeply)") from None
     return Manifest.from_json(data, path)

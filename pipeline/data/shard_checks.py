@@ -10,12 +10,14 @@ a class.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.common.errors import FedrcError
+from pipeline.data.concepts import Concept, agrees
 from pipeline.data.records import ClientRecord, StepRecord
 
 
@@ -50,11 +52,17 @@ def _histogram(labels: np.ndarray, num_classes: int) -> tuple[int, ...]:
 
 
 def check_rows(
-    path: Path, table: pa.Table, entry: ClientRecord, labels: np.ndarray, num_classes: int
+    path: Path,
+    table: pa.Table,
+    entry: ClientRecord,
+    labels: np.ndarray,
+    num_classes: int,
+    concepts: Sequence[Concept],
 ) -> None:
     """`table` (a shard of `entry.size` rows, `labels` its checked labels) holds what `entry`
     says: the client's id and participation, its train rows before its test rows at each step
-    in the sizes recorded, each step's concept, the style, severity and label histograms."""
+    in the sizes recorded, each step's concept (index, and labels that its label map gives:
+    `concepts` are the manifest's), the style, severity and label histograms."""
     name = f"clients[{entry.client_id}]"
     ids = _column(table, "client_id")
     if (ids != entry.client_id).any():
@@ -67,7 +75,7 @@ def check_rows(
     split, step_column = _column(table, "split"), None
     if entry.steps:
         step_column = _column(table, "step")
-    concepts, start = _column(table, "concept"), 0
+    in_rows, start = _column(table, "concept"), 0
     for t, step in enumerate(steps):
         rows = slice(start, start + step.train_size + step.test_size)
         at = f" at step {t}" if entry.steps else ""
@@ -82,8 +90,11 @@ def check_rows(
             )
         if step_column is not None and (step_column[rows] != t).any():
             raise _disagree(path, name, f"rows {rows.start}..{rows.stop - 1} are not step {t}")
-        if (concepts[rows] != step.concept).any():
+        if (in_rows[rows] != step.concept).any():
             raise _disagree(path, name, f"concept {step.concept}{at}")
+        concept = concepts[step.concept]
+        if not agrees(concept, true_labels[rows], labels[rows], num_classes):
+            raise _disagree(path, name, f"concept {concept.name!r}: labels it does not give{at}")
         train = slice(rows.start, rows.start + step.train_size)
         for key, values in (("label", labels), ("true_label", true_labels)):
             if _histogram(values[train], num_classes) != getattr(step, f"{key}_histogram"):

@@ -25,7 +25,9 @@ import torch
 
 from pipeline.common.errors import FedrcError
 from pipeline.common.io import naming, read_parquet
-from pipeline.data.records import ClientRecord, Manifest, StepRecord, read_manifest
+from pipeline.data.concepts import parse_concepts
+from pipeline.data.meaning import read_benchmark
+from pipeline.data.records import ClientRecord, Manifest, StepRecord
 from pipeline.data.shard_checks import check_rows, checked_labels
 
 SHARDS = "shards"
@@ -307,7 +309,8 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
     """Every client's shard, or only those of `clients` (a distributed rank's share): the
     others get empty slices and are left out of `loaded`. A drifting benchmark is returned at
     step 0."""
-    manifest = read_manifest(folder)
+    manifest = read_benchmark(folder)
+    concepts = parse_concepts(list(manifest.concepts))  # names read_benchmark has checked
     shape = manifest.image_shape  # (H, W, C)
     image_bytes = int(np.prod(shape))
     steps = manifest.time_steps
@@ -331,7 +334,7 @@ def load_federated(folder: Path, clients: Collection[int] | None = None) -> Fede
         raw = raw[column.offset * image_bytes : (column.offset + len(column)) * image_bytes]
         images.append(raw.reshape(-1, *shape))
         labels.append(checked_labels(path, table, manifest.num_classes))
-        check_rows(path, table, entry, labels[-1], manifest.num_classes)
+        check_rows(path, table, entry, labels[-1], manifest.num_classes, concepts)
         spans.append(_row_spans(entry, offset, steps))
         offset += expected
     pixels = np.concatenate(images) if images else np.zeros((0, *shape), np.uint8)

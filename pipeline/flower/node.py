@@ -25,7 +25,8 @@ from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.client import Memory, client_accuracy
 from pipeline.common.errors import FedrcError
-from pipeline.data.shards import load_federated, read_manifest
+from pipeline.data.meaning import read_benchmark
+from pipeline.data.shards import load_federated
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.flower import wire
@@ -56,7 +57,7 @@ class NodeData:
     """The node's clients' rows, and the map from global row ids to the rows loaded here."""
 
     def __init__(self, folder: Path, clients: str) -> None:
-        manifest = read_manifest(folder)
+        manifest = read_benchmark(folder)
         self.folder = folder
         self.clients = parse_clients(clients, len(manifest.clients))
         self.data = load_federated(folder, set(self.clients))

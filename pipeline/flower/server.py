@@ -33,8 +33,9 @@ from pipeline.algorithms import build_algorithm
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
+from pipeline.data.meaning import read_benchmark
 from pipeline.data.records import Manifest
-from pipeline.data.shards import FederatedData, client_spans, over_steps, read_manifest
+from pipeline.data.shards import FederatedData, client_spans, over_steps
 from pipeline.engine import SequentialExecutor
 from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
@@ -455,7 +456,7 @@ def remote_executor(nodes: Nodes):
 def serve(grid, config: TrainConfig, deployment: Deployment, resume: bool, overwrite: bool) -> Path:
     """The whole run, from the ServerApp: nodes, data, fedrc's training loop."""
     check_config(config)
-    manifest = read_manifest(Path(config.data))
+    manifest = read_benchmark(Path(config.data))
     if not build_algorithm(config, len(manifest.clients), manifest.num_classes).client_part:
         log.warning(
             "fedrc: %s has no client part: every node sends its clients' labels and per-sample "

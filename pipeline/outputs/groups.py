@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,8 @@ def base_label(run: Run) -> str:
 
 def group_runs(runs: list[Run], order: list[str]) -> list[Group]:
     """Groups in the order of `order` (labels, e.g. a paper's rows), then by label; one
-    benchmark for all, and one run per seed in a group."""
+    benchmark for all, and one run per seed in a group; each run once (copies of one run
+    score one model: counted as seeds, they would fake a spread)."""
     first = runs[0]
     for run in runs[1:]:
         if run.config["data_digest"] != first.config["data_digest"]:
@@ -94,6 +96,15 @@ def group_runs(runs: list[Run], order: list[str]) -> list[Group]:
                 "one run would count as two seeds)"
             )
         group.label = group.base = base_label(group.runs[0])
+    scored: dict[tuple, Path] = {}
+    for run in runs:  # a copy whose seed was edited in config.json, too
+        key = (run.model_digest, *(run.result[k] for k in EVAL_KEYS), own_finetune_lr(run))
+        if key in scored:
+            raise FedrcError(
+                f"{run.path}: the same run as {scored[key]} (its eval.json scored the same "
+                "model, evaluated alike); give each run once"
+            )
+        scored[key] = run.path
     _disambiguate(list(groups.values()))
 
     def place(group: Group) -> tuple[int, str]:

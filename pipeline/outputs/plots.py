@@ -158,7 +158,8 @@ def draw_all(
             draw_timeline(paths["timeline"], metrics, assignments, manifest, run, style)
         else:
             draw_omega(paths["omega"], omega, manifest, round_, run, style)
-        if made_from is not None:
-            made_from = {**made_from, "assignments_round": round_}
+        if made_from is not None:  # with the names of the figures: the rest is a user's
+            drawn = sorted(p.name for p in tmp.iterdir())
+            made_from = {**made_from, "assignments_round": round_, "files": drawn}
             (tmp / "made_from.json").write_text(json.dumps(made_from, indent=2, sort_keys=True))
     return [folder / n for stem in stems for n in names[stem]]

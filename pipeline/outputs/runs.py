@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import FedrcError
+from pipeline.common.reading import parse_json
 from pipeline.config import TrainConfig
 from pipeline.data.records import MANIFEST, Manifest, read_manifest
 from pipeline.data.shards import data_digest
@@ -114,7 +115,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise FedrcError(f"{path.parent}: no {path.name} ({what})")
     try:
-        value = json.loads(path.read_text())
+        value = parse_json(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(value, dict):
@@ -134,6 +135,11 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _share(value: Any, low: float = 0) -> bool:
+    """An accuracy or a purity: a number in [low, 1] (NaN is not), or absent (None)."""
+    return value is None or (_number(value) and low <= value <= 1)
+
+
 def _require(path: Path, key: str, value: Any, ok: bool, expected: str) -> None:
     if not ok:
         shown = f"{type(value).__name__} {value!r}"[:60]
@@ -149,11 +155,14 @@ def check_result(path: Path, result: dict[str, Any]) -> None:
         raise FedrcError(f"{path}: not a fedrc eval result (no {missing[0]})")
     for stem, key in METRICS.items():  # a purity is null where the run has one model
         ok = _number_or_none if stem in (*OPTIONAL, *SHARES) else _number
-        _require(path, key, result.get(key), ok(result.get(key)), "a number")
+        value = result.get(key)
+        _require(path, key, value, ok(value), "a number")
+        low = -1 if stem == "ari" else 0  # the ARI of a clustering worse than chance
+        _require(path, key, value, _share(value, low), f"a number in [{low}, 1]")
     for key in ("global_accuracy_by_concept", "final_global_accuracy_by_concept"):
         by = result.get(key, {})
-        ok = isinstance(by, dict) and all(map(_number, by.values()))
-        _require(path, key, by, ok, "numbers by concept")
+        ok = isinstance(by, dict) and all(_number(v) and _share(v) for v in by.values())
+        _require(path, key, by, ok, "numbers in [0, 1] by concept")
     prediction, finetune = result["prediction"], result["finetune"]
     _require(path, "prediction", prediction, prediction in ("soft", "hard"), "soft or hard")
     _require(path, "finetune", finetune, isinstance(finetune, bool), "true or false")
@@ -188,7 +197,7 @@ def check_clients(path: Path) -> None:
     if not path.is_file():
         return  # a copy of a run kept without it (`benchmarks/gpu_results.py`)
     try:
-        clients = json.loads(path.read_text())
+        clients = parse_json(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FedrcError(f"{path}: not valid JSON ({e})") from None
     ok = isinstance(clients, list) and len(clients) > 0
@@ -197,10 +206,14 @@ def check_clients(path: Path) -> None:
         ok = isinstance(entry, dict) and entry.get("client_id") == i
         _require(path, f"[{i}]", entry, ok, f"the entry of client {i}")
         for key in ("train_accuracy", "test_accuracy"):
-            _require(path, f"[{i}].{key}", entry.get(key), _number(entry.get(key)), "a number")
+            value = entry.get(key)
+            _require(path, f"[{i}].{key}", value, _number(value), "a number")
+            _require(path, f"[{i}].{key}", value, _share(value), "a number in [0, 1]")
         omega = entry.get("omega")
         ok = isinstance(omega, list) and len(omega) > 0 and all(map(_number, omega))
         _require(path, f"[{i}].omega", omega, ok, "a list of numbers")
+        ok = all(map(_share, omega)) and abs(sum(omega) - 1) <= 1e-3
+        _require(path, f"[{i}].omega", omega, ok, "weights in [0, 1] summing to 1")
 
 
 def load_run(path: Path) -> Run:

@@ -52,9 +52,9 @@ class Checkpoints:
     def due(self, run: Run, round_: int) -> bool:
         return self.every > 0 and (round_ % self.every == 0 or round_ == run.config.rounds)
 
-    def save(self, run: Run, progress: Progress) -> None:
+    def save(self, run: Run, progress: Progress, into: Path | None = None) -> None:
         """The momentum snapshot (every place takes part), then checkpoint.pt (the main
-        place)."""
+        place), or its bytes `into` a path the caller renames into place (`RunLog.checkpoint`)."""
         present = None
         if run.momentum.enabled:
             present = run.momentum.save(rf.momentum_snapshot(self.out, progress.round))
@@ -69,7 +69,7 @@ class Checkpoints:
             present,
         )
         if run.comm.is_main:
-            state.save(self.out, self.identity)
+            state.save(self.out, self.identity, into)
             self.warned = self.warned or warn_uncovered_state(run)
 
     def save_model(self, run: Run) -> None:
@@ -123,6 +123,7 @@ def expected_state(run: Run, out: Path) -> rf.Expected:
         logits=(models[0], run.data.labels.numel(), run.data.num_classes)
         if run.comm.size == 1
         else None,
+        dtype=run.models.dtype,
     )
 
 

@@ -15,8 +15,8 @@ a `--resume` that trains more rounds removes them, and `fedrc report` refuses an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +24,54 @@ import torch
 
 from pipeline.common.errors import FedrcError
 from pipeline.common.io import atomic_file
+from pipeline.common.reading import parse_json, read_bytes, read_text
 from pipeline.run import files as rf
+from pipeline.run.resolve import from_values, recorded_identity
 
 EVAL = "eval.json"
 EVAL_CLIENTS = "eval_clients.json"
 PLOTS = "plots"
+MADE_FROM = "made_from.json"  # in plots/: what the figures were made from, and their names
 MODEL_DIGEST = "model.sha256"
 DERIVED = (EVAL, EVAL_CLIENTS, PLOTS, MODEL_DIGEST)
 CONTAINER_KEYS = ("format", "checksum")  # how model.pt was written, not what it holds
 
 
 def remove_derived(out: Path) -> None:
-    """Remove what eval and plot wrote into the run folder `out`."""
+    """Remove what eval and plot wrote into the run folder `out`; a file of the user's in
+    plots/ stays (`plot_files`), and so does the folder then."""
     for path in (out / name for name in DERIVED):
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+            for name in plot_files(path):
+                (path / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only when nothing of the user's is left there
         else:
             path.unlink(missing_ok=True)
+
+
+def plot_files(plots: Path) -> list[str]:
+    """The files `fedrc plot` wrote in `plots`: those its made_from.json lists (and itself);
+    for figures drawn before it listed them, the PNG files."""
+    if not plots.is_dir():
+        return []
+    here = sorted(p.name for p in plots.iterdir())
+    try:
+        listed = parse_json((plots / MADE_FROM).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if not isinstance(listed, list):
+        listed = [name for name in here if name.endswith(".png")]
+    return [name for name in here if name in (*listed, MADE_FROM)]
+
+
+def foreign_plots(plots: Path) -> list[str]:
+    """What in `plots` fedrc did not write (`plot_files`) nor DVC (the `.gitignore` of a plot
+    stage's outputs, which DVC writes again after the stage): `fedrc plot` would delete it."""
+    if not plots.is_dir():
+        return []
+    ours = [*plot_files(plots), ".gitignore"]
+    return sorted(p.name for p in plots.iterdir() if p.name not in ours)
 
 
 def state_digest(state: dict[str, Any]) -> str:
@@ -79,6 +110,11 @@ def model_digest(run: Path) -> str | None:
     path = run / rf.MODEL
     if path.is_file():
         return state_digest(rf.load_state(path))
+    return kept_digest(run)
+
+
+def kept_digest(run: Path) -> str | None:
+    """The digest in a copy's model.sha256 (`keep_model_digest`), or None without one."""
     kept = run / MODEL_DIGEST
     if not kept.is_file():
         return None
@@ -98,10 +134,16 @@ def keep_model_digest(run: Path, into: Path) -> None:
         tmp.write_text(digest + "\n")
 
 
-def made_from(model: str | None, round_: int, data_digest: str) -> dict[str, Any]:
+def made_from(
+    model: str | None, round_: int, data_digest: str, clients: str | None = None
+) -> dict[str, Any]:
     """The run's identity as a derived output records it: the model's digest (None before
-    training finished), the last round it was made at, the benchmark's content hash."""
-    return {"model_digest": model, "round": round_, "data_digest": data_digest}
+    training finished), the last round it was made at, the benchmark's content hash; eval.json
+    also the SHA-256 of the eval_clients.json written with it (its text `clients`)."""
+    made = {"model_digest": model, "round": round_, "data_digest": data_digest}
+    if clients is not None:
+        made["clients_digest"] = hashlib.sha256(clients.encode()).hexdigest()
+    return made
 
 
 def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_round: int) -> str:
@@ -116,7 +158,8 @@ def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_ro
         raise FedrcError(
             f"{path}: does not record the model.pt it scored (written by an older fedrc); {again}"
         )
-    now = model_digest(run)
+    state = rf.load_state(run / rf.MODEL) if (run / rf.MODEL).is_file() else None
+    now = state_digest(state) if state is not None else kept_digest(run)
     if now is None:
         raise FedrcError(f"{path}: scored {run / rf.MODEL}, which is gone; {again} after training")
     if recorded["model_digest"] != now:
@@ -134,4 +177,28 @@ def check_made_from(run: Path, result: dict[str, Any], data_digest: str, last_ro
             f"{path}: made on another benchmark than {run / rf.CONFIG} names (the content "
             f"hashes differ); {again}"
         )
+    if state is not None:
+        refuse_foreign_config(run, state)
+    clients = run / EVAL_CLIENTS
+    kept = clients.is_file() and "clients_digest" in recorded  # a copy may leave it out
+    if kept and hashlib.sha256(read_bytes(clients)).hexdigest() != recorded["clients_digest"]:
+        raise FedrcError(
+            f"{clients}: not the one {path} was written with (another run's, or edited); {again}"
+        )
     return now
+
+
+def refuse_foreign_config(run: Path, state: dict[str, Any]) -> None:
+    """config.json must be the configuration model.pt was trained with (an edited seed, or a
+    copy of another run's, would give its results another run's name)."""
+    path = run / rf.CONFIG
+    try:
+        values = parse_json(read_text(path))
+        config = from_values({k: v for k, v in values.items() if k != "data_digest"})
+    except (ValueError, AttributeError, FedrcError) as e:
+        raise FedrcError(f"{path}: not a fedrc run configuration ({e})") from None
+    wanted = {**config.identity(), "data_digest": values.get("data_digest")}
+    recorded = recorded_identity(rf.state_identity(run / rf.MODEL, state), str(run / rf.MODEL))
+    other = rf.identity_mismatch(recorded, wanted)
+    if other is not None:
+        raise FedrcError(f"{run / rf.MODEL}: does not belong to {path}: {other}")

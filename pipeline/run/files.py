@@ -4,6 +4,7 @@ runs/<name>/
   config.json          resolved TrainConfig + the data digest
   metrics.jsonl        one JSON line per round
   assignments.parquet  ω of every client (held-out ones marked) at every evaluated round
+                       (`pipeline.run.assignments`)
   checkpoint.pt        the latest resumable state (`RunState`), for --resume
   checkpoint-momentum-r<N>.npy  the persistent SGD momentum of that state, where it is kept
   model.pt             the final models and ω, for eval and plot
@@ -18,22 +19,22 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import pickle
 import re
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
-from pipeline.common.errors import FedrcError
-from pipeline.common.io import atomic_file, naming, read_parquet
-from pipeline.data.records import ClientRecord
+from pipeline.common.errors import FedrcError, brief
+from pipeline.common.io import atomic_file, naming
+from pipeline.common.reading import opened, parse_json
+from pipeline.config import TrainConfig
+from pipeline.run.assignments import omega_problem
+from pipeline.run.assignments import read_assignments as read_assignments  # where it was
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -54,6 +55,14 @@ def momentum_snapshot(out: Path, round_: int) -> Path:
     return out / f"checkpoint-momentum-r{round_}.npy"
 
 
+def prune_momentum(out: Path, round_: int) -> None:
+    """Remove the momentum snapshots of rounds other than `round_` (the checkpoint's)."""
+    keep = momentum_snapshot(out, round_)
+    for old in out.glob(MOMENTUM_SNAPSHOTS):
+        if old != keep:
+            old.unlink(missing_ok=True)
+
+
 # The seal: torch.save writes a zip archive; fedrc puts the SHA-256 of that archive in the
 # archive's comment, which every zip reader (torch.load included) skips. A file without it was
 # written before fedrc sealed its files and is read as before; one whose state says it was
@@ -64,6 +73,14 @@ END_OF_ZIP = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 byte
 
 
 def save_state(path: Path, state: dict[str, Any], format: int = CHECKPOINT_FORMAT) -> None:
+    """`state` sealed (`sealed`) and written to `path` atomically."""
+    data = sealed(state, format)
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def sealed(state: dict[str, Any], format: int = CHECKPOINT_FORMAT) -> memoryview:
+    """The bytes of `state` as torch.save writes them, with the seal in the zip's comment."""
     # Serialise in memory first: torch.save reports a full disk as an opaque RuntimeError,
     # a plain write as OSError(ENOSPC) that names the file.
     buffer = io.BytesIO()
@@ -76,8 +93,7 @@ def save_state(path: Path, state: dict[str, Any], format: int = CHECKPOINT_FORMA
     del view
     buffer.seek(size - 2)  # the comment's length, then the comment
     buffer.write(SEAL_SIZE.to_bytes(2, "little") + SEAL + digest)
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(buffer.getbuffer())
+    return buffer.getbuffer()
 
 
 def _damaged(path: Path, what: str) -> FedrcError:
@@ -89,7 +105,7 @@ def _damaged(path: Path, what: str) -> FedrcError:
 def check_seal(path: Path) -> bool:
     """Whether `path` carries a seal; raises when its bytes do not match it. The bytes are
     read and hashed before anything in them is unpickled."""
-    with path.open("rb") as f:
+    with opened(path) as f:
         size = f.seek(0, io.SEEK_END)
         f.seek(max(0, size - 4 * SEAL_SIZE))
         tail = f.read()
@@ -144,10 +160,17 @@ def load_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def run_identity(config: TrainConfig, data_digest: str) -> str:
+    """The run's identity as JSON: its configuration (what changes the numbers) and its
+    benchmark's hash; checkpoint.pt and model.pt record it, and the files a run derives its
+    `run_id`."""
+    return json.dumps({**config.identity(), "data_digest": data_digest}, sort_keys=True)
+
+
 def state_identity(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     """The configuration a checkpoint or model.pt was written with (TrainConfig.identity())."""
     try:
-        identity = json.loads(state["identity"])
+        identity = parse_json(state["identity"])
     except (KeyError, TypeError, json.JSONDecodeError):
         raise FedrcError(f"{path}: not a fedrc checkpoint (no configuration recorded)") from None
     if not isinstance(identity, dict):
@@ -174,8 +197,12 @@ def checkpoint_round(out: Path) -> int | None:
         return None
 
 
+def metrics_line(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
 def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    line = json.dumps(row, sort_keys=True) + "\n"
+    line = metrics_line(row)
     with naming(path), path.open("a") as f:
         f.write(line)  # one write: a crash can tear only this last line (see read_metrics)
 
@@ -191,7 +218,7 @@ def read_metrics(path: Path, torn_tail_ok: bool = False) -> list[dict[str, Any]]
     rows = []
     for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
+            row = parse_json(line)
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
                 raise ValueError
         except ValueError:  # JSONDecodeError included
@@ -216,14 +243,26 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_share(value: Any) -> bool:
+    """An accuracy: a number in [0, 1] (NaN is not)."""
+    return _is_number(value) and 0 <= value <= 1
+
+
 def _field_problem(key: str, value: Any) -> str | None:
-    """What is wrong with one field of a metrics row that fedrc reads back, or None; the
-    fields an algorithm adds (`round_info`) are its own."""
+    """What is wrong with one field of a metrics row that fedrc reads back, or None: of its
+    type and in the range its meaning implies (an accuracy in [0, 1], a loss or a time finite
+    and not negative); the fields an algorithm adds (`round_info`) are its own."""
     if key.endswith("_by_concept"):
         ok = isinstance(value, dict) and all(map(_is_number, value.values()))
         expected = "numbers by concept"
+        if ok and not all(map(_is_share, value.values())):
+            ok, expected = False, "accuracies in [0, 1] by concept"
     elif key.endswith(("accuracy", "loss")) or key == "seconds":
         ok, expected = _is_number(value), "a number"
+        if ok and key.endswith("accuracy") and not _is_share(value):
+            ok, expected = False, "a number in [0, 1]"
+        elif ok and not key.endswith("accuracy") and not (math.isfinite(value) and value >= 0):
+            ok, expected = False, "a finite number >= 0"
     elif key in COUNTS:
         ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
     else:
@@ -255,42 +294,7 @@ def truncate_metrics(path: Path, last_round: int) -> None:
         return
     keep = [r for r in read_metrics(path, torn_tail_ok=True) if r["round"] <= last_round]
     with atomic_file(path) as tmp:
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
-
-
-def write_assignments(
-    path: Path,
-    rounds: list[int],
-    history: list[torch.Tensor],
-    clients: Sequence[ClientRecord],
-    steps: list[int] | None = None,
-) -> None:
-    """Long table: one row per (evaluated round, client) with ω as columns omega_0..omega_{K-1}.
-    A drifting benchmark's table also has each round's `step`, and the concept of that step."""
-    if not history:
-        return
-    num_clients, k = history[0].shape
-    omega = torch.cat(history).numpy()
-    drifting = any(c.steps for c in clients)
-    at = steps if drifting and steps is not None else [0] * len(rounds)
-    concepts = [c.at_step(t).concept if c.steps else c.concept for t in at for c in clients]
-    columns: dict[str, Any] = {
-        "round": np.repeat(np.asarray(rounds, dtype=np.int32), num_clients),
-        "client_id": np.tile(np.arange(num_clients, dtype=np.int32), len(rounds)),
-        "participating": np.tile([c.participating for c in clients], len(rounds)),
-        "concept": np.asarray(concepts).astype(np.int8),
-        "style": np.tile([c.style for c in clients], len(rounds)),
-    }
-    if drifting:
-        columns["step"] = np.repeat(np.asarray(at, dtype=np.int16), num_clients)
-    for j in range(k):
-        columns[f"omega_{j}"] = omega[:, j]
-    with atomic_file(path) as tmp:
-        pq.write_table(pa.table(columns), tmp)
-
-
-def read_assignments(path: Path) -> pa.Table:
-    return read_parquet(path, "not found (did `fedrc train` finish?)")
+        tmp.write_text("".join(map(metrics_line, keep)))
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,13 @@ class Expected:
     metrics: Path
     logged: int  # metrics.jsonl holds rounds 1..logged
     logits: tuple[int, ...] | None = None  # rows × samples × classes (checkpoint's cache)
+    dtype: torch.dtype = torch.float32  # of the models (and their cached logits)
+
+
+def evaluated_rounds(metrics: list[dict[str, Any]]) -> list[int]:
+    """The rounds of metrics.jsonl's rows that were evaluated (assignments.parquet has ω for
+    each of them)."""
+    return [row["round"] for row in metrics if "train_accuracy" in row]
 
 
 def logged_rounds(path: Path) -> int:
@@ -321,8 +332,12 @@ def logged_rounds(path: Path) -> int:
 
 def _described(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
-    return f"{type(value).__name__} {value!r}"[:80]
+        return f"a {_dtype(value.dtype)} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {brief(value, 70)}"
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def check_tensor(
@@ -333,9 +348,11 @@ def check_tensor(
     what: str = "",
     floating: bool = True,
     finite: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`value` is a tensor of `shape` (float, and finite when `finite`, if `floating`; else
-    of an integer or bool type), else one line naming the file and the field."""
+    of an integer or bool type; of exactly `dtype` when given: a float64 model would train
+    to other numbers, or fail to load), else one line naming the file and the field."""
     kind = "float" if floating else "integer"
     if (
         not isinstance(value, torch.Tensor)
@@ -346,9 +363,20 @@ def check_tensor(
             f"{path}: {key}: expected a {kind} tensor of shape {tuple(shape)}{what}, got "
             f"{_described(value)}"
         )
+    if dtype is not None and value.dtype != dtype:
+        raise FedrcError(
+            f"{path}: {key}: expected a {_dtype(dtype)} tensor, got {_described(value)}"
+        )
     if floating and finite and not bool(torch.isfinite(value).all()):
         raise FedrcError(f"{path}: {key}: holds NaN or infinite values")
     return value
+
+
+def check_omega(path: Path, key: str, value: torch.Tensor) -> None:
+    """`value` (a checked tensor) holds one mixture per client (`omega_problem`)."""
+    problem = omega_problem(value.detach().cpu().double().numpy())
+    if problem is not None:
+        raise FedrcError(f"{path}: {key}: {problem}")
 
 
 def check_round(path: Path, value: Any, expect: Expected) -> int:
@@ -391,12 +419,11 @@ def check_algorithm(path: Path, value: Any, reference: dict[str, Any]) -> dict[s
         fresh = reference[key]
         if isinstance(fresh, torch.Tensor):
             floating = fresh.is_floating_point()
-            check_tensor(path, f"algorithm.{key}", held, fresh.shape, "", floating)
-            if not floating and held.dtype != fresh.dtype:
-                raise FedrcError(
-                    f"{path}: algorithm.{key}: expected a "
-                    f"{str(fresh.dtype).removeprefix('torch.')} tensor, got {_described(held)}"
-                )
+            check_tensor(
+                path, f"algorithm.{key}", held, fresh.shape, "", floating, True, fresh.dtype
+            )
+            if key == "omega":
+                check_omega(path, "algorithm.omega", held)
             continue
         kinds = (type(fresh), type(held))
         if type(fresh) in PLAIN and kinds[1] is not kinds[0] and kinds != (float, int):
@@ -429,6 +456,7 @@ def check_omega_history(
         )
     for i, table in enumerate(history):
         check_tensor(path, f"omega_history[{i}]", table, omega, " (clients × K)")
+        check_omega(path, f"omega_history[{i}]", table)
     return list(rounds), list(history)
 
 
@@ -452,26 +480,26 @@ class RunState:
     momentum_present: torch.Tensor | None = None
     legacy_momentum: dict[int, dict[int, torch.Tensor]] | None = None
 
-    def save(self, out: Path, identity: str) -> None:
-        """checkpoint.pt; then the momentum snapshots of earlier rounds are removed."""
-        save_state(
-            out / CHECKPOINT,
-            {
-                "identity": identity,
-                "round": self.round,
-                "models": self.models.cpu(),
-                "algorithm": self.algorithm,
-                "eval_rounds": self.eval_rounds,
-                "omega_history": self.omega_history,
-                "cached_logits": None if self.cached_logits is None else self.cached_logits.cpu(),
-                "rng": self.rng,
-                "momentum_present": self.momentum_present,
-            },
-        )
-        keep = momentum_snapshot(out, self.round)
-        for old in out.glob(MOMENTUM_SNAPSHOTS):
-            if old != keep:
-                old.unlink(missing_ok=True)
+    def save(self, out: Path, identity: str, into: Path | None = None) -> None:
+        """checkpoint.pt; then the momentum snapshots of earlier rounds are removed. With
+        `into`, the bytes go there instead, for the caller to rename into place (and then
+        `prune_momentum`) together with other files."""
+        state = {
+            "identity": identity,
+            "round": self.round,
+            "models": self.models.cpu(),
+            "algorithm": self.algorithm,
+            "eval_rounds": self.eval_rounds,
+            "omega_history": self.omega_history,
+            "cached_logits": None if self.cached_logits is None else self.cached_logits.cpu(),
+            "rng": self.rng,
+            "momentum_present": self.momentum_present,
+        }
+        if into is not None:
+            into.write_bytes(sealed(state))
+            return
+        save_state(out / CHECKPOINT, state)
+        prune_momentum(out, self.round)
 
     @classmethod
     def load(cls, path: Path, expect: Expected | None = None) -> RunState:
@@ -505,14 +533,15 @@ class RunState:
     def check(self, path: Path, expect: Expected) -> None:
         self.round = check_round(path, self.round, expect)
         what = " (rows × parameters of the configured model)"
-        check_tensor(path, "models", self.models, expect.models, what)
+        check_tensor(path, "models", self.models, expect.models, what, dtype=expect.dtype)
         check_algorithm(path, self.algorithm, expect.algorithm)
         self.eval_rounds, self.omega_history = check_omega_history(
             path, self.eval_rounds, self.omega_history, self.round, expect.omega
         )
         if self.cached_logits is not None and expect.logits is not None:
             what = " (rows × samples × classes)"
-            check_tensor(path, "cached_logits", self.cached_logits, expect.logits, what)
+            logits = self.cached_logits
+            check_tensor(path, "cached_logits", logits, expect.logits, what, dtype=expect.dtype)
         if self.rng is not None:
             rng = torch.get_rng_state()
             check_tensor(path, "rng", self.rng, rng.shape, " (torch's RNG state)", False)
@@ -520,6 +549,12 @@ class RunState:
                 raise FedrcError(
                     f"{path}: rng: expected a uint8 tensor, got {_described(self.rng)}"
                 )
+            try:
+                torch.Generator().set_state(self.rng)  # what --resume will do with it
+            except RuntimeError:
+                raise FedrcError(
+                    f"{path}: rng: not a state of torch's generator (edited or damaged)"
+                ) from None
 
 
 def check_model(path: Path, state: dict[str, Any], expect: Expected) -> None:
@@ -530,8 +565,10 @@ def check_model(path: Path, state: dict[str, Any], expect: Expected) -> None:
     check_round(path, state["round"], expect)
     what = " (rows × parameters of the configured model)"
     # NaN weights: scoring them says "non-finite logits — the models diverged"
-    check_tensor(path, "models", state["models"], expect.models, what, finite=False)
+    models = state["models"]
+    check_tensor(path, "models", models, expect.models, what, finite=False, dtype=expect.dtype)
     check_tensor(path, "omega", state["omega"], expect.omega, " (clients × K)")
+    check_omega(path, "omega", state["omega"])
     check_algorithm(path, state["algorithm"], expect.algorithm)
 
 

@@ -11,18 +11,18 @@ it is started over, with a warning saying what was there.
 
 from __future__ import annotations
 
-import json
-import shutil
 import warnings
 from pathlib import Path
 
 from pipeline.common.errors import FedrcError, FedrcWarning, first_few
-from pipeline.common.io import remove_leftovers
+from pipeline.common.io import is_temporary, remove_leftovers
+from pipeline.common.reading import parse_json
 from pipeline.common.run_lock import LOCK
 from pipeline.data.records import MANIFEST
 from pipeline.run import files as rf
 from pipeline.run.derived import DERIVED, remove_derived
 from pipeline.run.live import FOLDER as LIVE_FOLDER
+from pipeline.run.live import clear as clear_live
 from pipeline.run.momentum import LIVE_FILE
 from pipeline.run.trackers import FOLDERS as TRACKER_FOLDERS
 
@@ -37,7 +37,7 @@ def is_run_file(name: str) -> bool:
         return True
     if any(Path(name).match(p) for p in (rf.MOMENTUM_SNAPSHOTS, MOMENTUM_LIVE)):
         return True
-    return name.startswith(".") and (".tmp-" in name or ".old-" in name)  # a write's temporary
+    return is_temporary(name)  # a write's temporary
 
 
 def foreign_names(out: Path) -> list[str]:
@@ -52,7 +52,7 @@ def foreign_names(out: Path) -> list[str]:
 
 def _is_run_config(path: Path) -> bool:
     try:
-        values = json.loads(path.read_text())
+        values = parse_json(path.read_text())
     except (OSError, ValueError):
         return False
     return isinstance(values, dict) and "data_digest" in values and "algorithm" in values
@@ -80,7 +80,7 @@ def clear_run(out: Path) -> None:
     for path in rf.train_outputs(out):
         path.unlink(missing_ok=True)
     remove_derived(out)
-    shutil.rmtree(out / LIVE_FOLDER, ignore_errors=True)
+    clear_live(out)
 
 
 def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
@@ -106,6 +106,11 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool) -> bool:
         )
         clear_run(out)
         resume = False
+    elif resume and not present:  # killed before it wrote anything, or never started
+        raise FedrcError(
+            f"--resume: no run to resume in {out} (none was started there, or it was stopped "
+            "before its first checkpoint); run the same command without --resume to start it"
+        )
     elif resume:
         if not checkpoint:
             raise FedrcError(f"--resume: no checkpoint in {out}")

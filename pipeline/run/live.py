@@ -10,6 +10,7 @@ not to write a dvc.yaml of its own, nor to save experiments.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -38,7 +39,7 @@ class RoundLogger:
         from dvclive import Live
 
         logging.getLogger("dvclive").setLevel(logging.ERROR)  # not its notes on Git and DVC
-        shutil.rmtree(out / FOLDER, ignore_errors=True)
+        clear(out)
         self.live = Live(dir=str(out / FOLDER), save_dvc_exp=False, dvcyaml=False, report=None)
         self.best: dict[str, Any] = {}
         self._best_train = -1.0
@@ -67,6 +68,25 @@ class RoundLogger:
 
     def close(self) -> None:
         self.live.end()
+
+
+# What DVCLive writes in its folder for fedrc (metrics and their curves, and what it would
+# write with other settings): the rest of the folder is the user's.
+OWN_FILES = ("metrics.json", "params.yaml", "report.html", "report.md", "dvc.yaml")
+OWN_FOLDERS = ("plots/metrics", "plots/images", "plots/sklearn", "plots/custom")
+
+
+def clear(out: Path) -> None:
+    """Remove DVCLive's files in the run folder `out` (they describe a run being replaced),
+    then the folders left empty: a file of the user's there stays, with its folders."""
+    folder = out / FOLDER
+    for name in OWN_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for name in OWN_FOLDERS:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    for empty in (folder / "plots", folder):
+        with contextlib.suppress(OSError):
+            empty.rmdir()
 
 
 def round_logger(out: Path, history: list[dict[str, Any]]) -> RoundLogger | None:

@@ -26,13 +26,14 @@ import yaml
 from pipeline.algorithms import ALGORITHMS, BUILT_IN
 from pipeline.common import strict_yaml
 from pipeline.common.errors import FedrcError
-from pipeline.common.settings import build_settings, coerce, field_types, require
+from pipeline.common.settings import build_settings, coerce, did_you_mean, field_types, require
 from pipeline.config import (
     PROFILES,
     RESUMABLE,
     TrainConfig,
     checked_values,
-    refuse_non_finite,
+    mapping,
+    refuse_unusable,
     section,
 )
 from pipeline.data.records import read_manifest
@@ -72,6 +73,12 @@ class _Collected:
                     f"{where}{key}: {name} is neither the algorithm ({self.algorithm}) nor the "
                     f"model ({self.model})"
                 )
+            known = list(field_types(self.classes[name]))
+            if bare not in known:
+                raise FedrcError(
+                    f"{where}{key}: unknown setting of {name}{did_you_mean(bare, known)} "
+                    f"(known: {', '.join(known) or 'none'})"
+                )
             return name, bare
         owners = [n for n, cls in self.classes.items() if key in field_types(cls)]
         if len(owners) > 1:
@@ -82,17 +89,18 @@ class _Collected:
     def put(self, key: str, value: Any, where: str) -> None:
         found = self.owner(key, where)
         if found is None:
-            raise FedrcError(f"{where}{key}: {self.unknown()}")
+            raise FedrcError(f"{where}{key}: {self.unknown(key)}")
         name, bare = found
         self.values[name][bare] = value
 
-    def unknown(self) -> str:
+    def unknown(self, key: str) -> str:
         def known(name: str) -> str:
             return ", ".join(field_types(self.classes[name])) or "none"
 
+        every = [k for cls in self.classes.values() for k in field_types(cls)]
         return (
-            f"unknown setting for algorithm {self.algorithm} ({known(self.algorithm)}) and "
-            f"model {self.model} ({known(self.model)})"
+            f"unknown setting{did_you_mean(key, every)} for algorithm {self.algorithm} "
+            f"({known(self.algorithm)}) and model {self.model} ({known(self.model)})"
         )
 
     def built(self) -> dict[str, Any]:
@@ -117,13 +125,19 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 
 def _apply_sets(collected: _Collected, sets: list[str]) -> None:
+    """Each `--set KEY=VALUE` into its component's values; a key given twice (bare or dotted)
+    is refused, as params.yaml refuses one: the last would win silently."""
+    given: dict[tuple[str, str], str] = {}
     for item in sets:
         key, value = parse_set(item)
         if key in SHARED:
             raise FedrcError(f"--set {key}: a shared option; give it as --{key.replace('_', '-')}")
         found = collected.owner(key, "--set ")
         if found is None:
-            raise FedrcError(f"--set {key}: {collected.unknown()}")
+            raise FedrcError(f"--set {key}: {collected.unknown(key)}")
+        if found in given:
+            raise FedrcError(f"--set {key}: given twice ({given[found]}, {item}); give it once")
+        given[found] = item
         name, bare = found
         kind = field_types(collected.classes[name])[bare]
         collected.values[name][bare] = coerce(f"--set {name}.{bare}", value, kind)
@@ -136,14 +150,10 @@ def _per_algorithm(params: dict[str, Any], algorithm: str) -> tuple[dict[str, An
     DVC cannot index a table by a matrix item, so a pipeline that runs many algorithms from one
     params file keeps their learning rates (and μ, max_clusters) here and fedrc picks the row.
     """
-    table = params.get("per_algorithm") or {}
-    if not isinstance(table, dict):
-        raise FedrcError(f"per_algorithm: expected a mapping of algorithms, got {table!r}")
+    table = mapping(params.get("per_algorithm"), "per_algorithm")
     for name in table:
         ALGORITHMS.get(str(name), "per_algorithm")
-    row = table.get(algorithm) or {}
-    if not isinstance(row, dict):
-        raise FedrcError(f"per_algorithm.{algorithm}: expected a mapping, got {row!r}")
+    row = mapping(table.get(algorithm), f"per_algorithm.{algorithm}")
     shared = {k: v for k, v in row.items() if k in SHARED and k != "algorithm"}
     settings = {k: v for k, v in row.items() if k not in shared}  # `algorithm` is refused there
     return checked_values(TrainConfig, shared, f"per_algorithm.{algorithm}"), settings
@@ -193,24 +203,25 @@ def _put_sections(collected: _Collected, raw: dict[str, Any]) -> None:
     for key, value in raw.items():
         if key in SHARED:
             continue
-        if key in components and isinstance(value, dict):
+        if key in components:
             if key in collected.values:
-                collected.values[key].update(value)
+                collected.values[key].update(mapping(value, f"train.{key}"))
         elif key in _legacy_keys() or collected.owner(key, "train.") is not None:
             raise FedrcError(
                 f"train.{key}: a setting of one algorithm or model; write it under its name, "
                 f"e.g. train: {{{collected.algorithm}: {{{key}: ...}}}}, or give --set {key}=..."
             )
         else:
+            hint = did_you_mean(str(key), [*SHARED, *components])
             raise FedrcError(
-                f"train.{key}: unknown key (known: {', '.join(SHARED)}, and a section "
+                f"train.{key}: unknown key{hint} (known: {', '.join(SHARED)}, and a section "
                 "per algorithm or model)"
             )
 
 
 def _finish(values: dict[str, Any], collected: _Collected, name: str) -> TrainConfig:
     config = TrainConfig(**values, settings=collected.built())
-    refuse_non_finite(config, name)
+    refuse_unusable(config, name)
     config.validate()
     return config.fixed()
 
@@ -220,7 +231,7 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
     `settings`, dotted (`fedrc.estep`), or flat as written before settings existed (other
     algorithms' flat keys are then ignored, unless `strict`)."""
     values = dict(values)
-    nested = values.pop("settings", None) or {}
+    nested = values.pop("settings", None)
     shared = checked_values(TrainConfig, {k: v for k, v in values.items() if k in SHARED}, where)
     shared["model"] = shared.get("model") or default_model(shared.get("data", DEFAULTS.data))
     collected = _Collected(
@@ -237,12 +248,8 @@ def from_values(values: dict[str, Any], where: str = "train", strict: bool = Fal
 
 def _put_nested(collected: _Collected, nested: Any, where: str) -> None:
     """config.json's `settings: {component: {key: value}}`."""
-    if not isinstance(nested, dict):
-        raise FedrcError(f"{where}.settings: expected a mapping, got {nested!r}")
-    for name, table in nested.items():
-        if not isinstance(table, dict):
-            raise FedrcError(f"{where}.settings.{name}: expected a mapping, got {table!r}")
-        for key, value in table.items():
+    for name, table in mapping(nested, f"{where}.settings").items():
+        for key, value in mapping(table, f"{where}.settings.{name}").items():
             collected.put(f"{name}.{key}", value, f"{where}.settings.")
 
 
@@ -317,8 +324,7 @@ def _refuse_changed_settings(
     collected = _Collected(saved.algorithm, saved.model)
     for name, settings in saved.settings.items():
         collected.values[name] = dataclasses.asdict(settings)
-        if isinstance(raw.get(name), dict):
-            collected.values[name].update(raw[name])
+        collected.values[name].update(mapping(raw.get(name), f"train.{name}"))
     _apply_sets(collected, list(sets))
     before = saved.identity()
     for key, value in dataclasses.replace(saved, settings=collected.built()).identity().items():

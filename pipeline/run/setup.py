@@ -19,7 +19,8 @@ from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
 from pipeline.common.errors import FedrcError
 from pipeline.config import TrainConfig
-from pipeline.data.shards import FederatedData, load_federated, read_manifest
+from pipeline.data.meaning import read_benchmark
+from pipeline.data.shards import FederatedData, load_federated
 from pipeline.engine import BatchedExecutor, SequentialExecutor
 from pipeline.models import GLOBAL_RNG, build_model
 from pipeline.models.layout import head_range
@@ -167,6 +168,7 @@ class Run:
     models: torch.Tensor
     momentum: MomentumStore
     clients: LocalClients  # where the client parts run (`Algorithm.client_part`)
+    resumed_at: int = 0  # the round of the checkpoint this run resumed from (0: it did not)
     traffic: Traffic = field(default_factory=Traffic)  # the round's message bytes, this place
 
 
@@ -184,7 +186,7 @@ class Progress:
 def load_data(config: TrainConfig, comm: Communicator) -> FederatedData:
     """The benchmark on this place's device, each place holding its own clients' rows. Every
     step that can fail on one place only is agreed on: all places raise its error."""
-    manifest = comm.agree(lambda: read_manifest(Path(config.data)))
+    manifest = comm.agree(lambda: read_benchmark(Path(config.data)))
     comm.place_clients(manifest.participating, manifest.held_out)
     mine = (
         None

@@ -40,9 +40,10 @@ from pipeline.engine.task import Job, LocalResult, LocalTask
 from pipeline.evaluation.accuracy import evaluate_round, per_sample_losses
 from pipeline.places import distributed
 from pipeline.places.communicate import Communicator
+from pipeline.run import files as rf
 from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_run
 from pipeline.run.clients import ClientWork, LocalClients
-from pipeline.run.folder import open_run_dir
+from pipeline.run.folder import clear_run, open_run_dir
 from pipeline.run.log import RunLog
 from pipeline.run.schedule import scheduled_lr
 from pipeline.run.setup import (
@@ -285,16 +286,30 @@ def fold_results(run: Run, round_: int, results: Iterator[tuple[Job, LocalResult
             run.traffic.up([result.params, result.prototypes])  # the trained model goes up
             loss_sum += result.loss_sum
     except NonFiniteLoss as e:
-        task, lr = e.job[0], run.executor.lr
-        now = f"now {run.config.lr}" + (f"; this round {lr:.4g}" if lr != run.config.lr else "")
+        task = e.job[0]
         error = (
             f"round {round_}, client {task.client}, model {task.model}: {e} — training "
-            f"diverged; lower --lr ({now})"
+            f"diverged; {divergence_hint(run, round_)}"
         )
     failed = next((e for e in run.comm.all_gather_object(error) if e is not None), None)
     if failed is not None:
         raise FedrcError(failed)
     return loss_sum
+
+
+def divergence_hint(run: Run, round_: int) -> str:
+    """What to change when training diverged: the lr (and this round's, where a schedule
+    changed it), or, in the first round after a resume, perhaps the checkpoint (a state no
+    training wrote: edited or damaged)."""
+    lr = run.executor.lr
+    now = f"now {run.config.lr}" + (f"; this round {lr:.4g}" if lr != run.config.lr else "")
+    hint = f"lower --lr ({now})"
+    if run.resumed_at and round_ == run.resumed_at + 1:
+        hint += (
+            f", unless checkpoint.pt (round {run.resumed_at}, which this run resumed from) "
+            "was edited or damaged: in that case resume from a good copy or --overwrite"
+        )
+    return hint
 
 
 def warn_no_clusters(config: TrainConfig, settings: object) -> None:
@@ -350,7 +365,7 @@ def evaluation_checked(
     scores, logits, finite = evaluate(run.models, data, run.comm, groups)
     diverged = run.comm.any(not finite)
     bad = torch.tensor([float("nan")]) if diverged else None
-    require_finite(f"round {round_}: evaluation", scores, bad, run.config.lr)
+    require_finite(f"round {round_}: evaluation", scores, bad, divergence_hint(run, round_))
     return scores, logits
 
 
@@ -437,7 +452,16 @@ def train_run(
             run, progress, log, checkpoints = open_run(
                 config, comm, data, resume, overwrite, factories, opened
             )
-            round_loop(run, data, progress, log, checkpoints, on_round)
+            fresh = progress.round == 0
+            try:
+                round_loop(run, data, progress, log, checkpoints, on_round)
+            except BaseException:
+                # stopped before its first checkpoint: what it wrote can be neither resumed
+                # nor used (a failure, Ctrl-C); a kill leaves it, and the next run starts over
+                if fresh and comm.is_main and not (Path(config.out) / rf.CHECKPOINT).exists():
+                    opened.close()  # DVCLive lets go of its files first
+                    clear_run(Path(config.out))
+                raise
         checkpoints.save_model(run)
     return Path(config.out)
 
@@ -458,7 +482,8 @@ def open_run(
     ready = comm.agree(lambda: open_run_dir(out, resume, overwrite), everywhere=False)
     resume = comm.broadcast_object(ready)  # a run stopped before its checkpoint starts over
     digest = data_digest(data.manifest)
-    wanted = {**config.identity(), "data_digest": digest}
+    identity = rf.run_identity(config, digest)
+    wanted = json.loads(identity)
     run = comm.agree(lambda: build_run(config, data, comm, out, *factories))
     opened.callback(run.momentum.close)
     if comm.is_main:
@@ -466,10 +491,10 @@ def open_run(
         warn_no_clusters(config, run.algorithm.settings)
         warn_server_step(config)
     progress = resume_run(run, out, wanted) if resume else Progress()
+    run.resumed_at = progress.round
     log = RunLog(run, out, digest)
     opened.callback(log.close)
     log.open(progress, resume)
-    identity = json.dumps(wanted, sort_keys=True)
     return run, progress, log, Checkpoints(out, identity, checkpoint_interval(config, run))
 
 
@@ -487,8 +512,7 @@ def round_loop(
         row = play_round(round_, run, full, progress)
         log.add(row, progress)
         if checkpoints.due(run, round_):
-            log.before_checkpoint(progress)
-            checkpoints.save(run, progress)
+            log.checkpoint(progress, lambda into: checkpoints.save(run, progress, into))
         if run.comm.is_main and on_round is not None:
             on_round(row)
 

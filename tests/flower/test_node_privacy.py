@@ -19,7 +19,7 @@ from local_grid import LocalGrid
 from pipeline.algorithms import BUILT_IN, num_models
 from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
-from pipeline.data.shards import read_manifest
+from pipeline.data.records import read_manifest
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
 from pipeline.flower.server import serve

@@ -20,7 +20,7 @@ from local_grid import LocalGrid
 
 from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
-from pipeline.data.shards import read_manifest
+from pipeline.data.records import read_manifest
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment
 from pipeline.flower.server import NodeLost, Nodes, serve

@@ -52,7 +52,13 @@ STREAM_SUMMARIES = {  # tabular drift streams (docs/streams.md), concepts native
 
 def _stream(name: str) -> DatasetSpec:
     return DatasetSpec(
-        name, STREAM_SUMMARIES[name], lambda root: load_stream(name), 2, 1, tabular=True
+        name,
+        STREAM_SUMMARIES[name],
+        lambda root: load_stream(name),
+        2,
+        1,
+        tabular=True,
+        reads_files=False,
     )
 
 
@@ -89,6 +95,7 @@ BUILT_IN = {
             lambda root: load_idx_dataset("fmnist", root),
             10,
             1,
+            shape=(28, 28, 1),
         ),
         DatasetSpec(
             "mnist",
@@ -96,6 +103,7 @@ BUILT_IN = {
             lambda root: load_idx_dataset("mnist", root),
             10,
             1,
+            shape=(28, 28, 1),
         ),
         DatasetSpec(
             "cifar10",
@@ -103,6 +111,7 @@ BUILT_IN = {
             lambda root: load_cifar("cifar10", root),
             10,
             3,
+            shape=(32, 32, 3),
         ),
         DatasetSpec(
             "cifar100",
@@ -110,6 +119,7 @@ BUILT_IN = {
             lambda root: load_cifar("cifar100", root),
             100,
             3,
+            shape=(32, 32, 3),
         ),
         DatasetSpec(
             "tinyimagenet",
@@ -117,6 +127,7 @@ BUILT_IN = {
             load_tiny_imagenet,
             200,
             3,
+            shape=(64, 64, 3),
         ),
         DatasetSpec(
             "synthetic",
@@ -124,6 +135,8 @@ BUILT_IN = {
             lambda root: make_synthetic(),
             10,
             1,
+            reads_files=False,
+            shape=(16, 16, 1),
         ),
         DatasetSpec(
             "folder",
@@ -135,6 +148,33 @@ BUILT_IN = {
         HUB,
     )
 }
+
+
+def shape_problem(name: str, shape: tuple[int, ...], num_classes: int) -> str | None:
+    """What a benchmark of the built-in dataset `name` cannot hold (images of another shape,
+    another number of classes; tabular rows not as (1, d, 1)), or None (a plugin's: it tells)."""
+    spec = BUILT_IN.get(name)
+    if spec is None:
+        return None
+    if spec.num_classes is not None and num_classes != spec.num_classes:
+        return f"num_classes {num_classes}, but {name} has {spec.num_classes}"
+    if spec.shape is not None and tuple(shape) != spec.shape:
+        return f"image_shape {list(shape)}, but {name}'s images are {list(spec.shape)}"
+    if spec.tabular and (shape[0] != 1 or shape[2] != 1):
+        return f"image_shape {list(shape)}, but {name}'s rows are stored as [1, d, 1]"
+    if spec.channels is not None and shape[2] != spec.channels:
+        return f"image_shape {list(shape)}, but {name}'s images have {spec.channels} channels"
+    return None
+
+
+def check_data_root(spec: DatasetSpec, data_root: str | None) -> None:
+    """A `--data-root` the dataset would ignore is refused: the run would record a path its
+    data did not come from."""
+    if data_root is not None and not spec.reads_files:
+        raise FedrcError(
+            f"--data-root: {spec.name} reads no files (its samples are generated); leave "
+            "--data-root out"
+        )
 
 
 def _not_a_dataset(obj: Any) -> str | None:
@@ -160,6 +200,7 @@ def load_dataset(name: str, data_root: str | None, hub: HubColumns | None = None
             _hub(data_root)
         return load_hub(name[len(PREFIX) :], data_root, hub or HubColumns())
     spec = DATASETS.get(name, "partition.dataset")
+    check_data_root(spec, data_root)
     raw = spec.load(data_root)
     if spec.num_classes is not None and raw.num_classes != spec.num_classes:
         raise FedrcError(

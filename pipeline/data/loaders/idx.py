@@ -1,9 +1,10 @@
 """MNIST and Fashion-MNIST from IDX files (uint8 images (N, 28, 28, 1), int64 labels).
 
-Search order: `--data-root` (the four files themselves or torchvision's `MNIST/raw/` /
-`FashionMNIST/raw/` layout), then, for Fashion-MNIST, Debian's `dataset-fashion-mnist`, then a
-torchvision download. The IDX files are parsed directly, so Debian's recompressed `.gz` files
-(whose MD5s differ from torchvision's list) are never mistaken for corrupt ones.
+Search order: `--data-root` alone when it is given (the four files themselves or torchvision's
+`MNIST/raw/` / `FashionMNIST/raw/` layout), else, for Fashion-MNIST, Debian's
+`dataset-fashion-mnist`; then a torchvision download (into `--data-root`, else `data/raw`).
+The IDX files are parsed directly, so Debian's recompressed `.gz` files (whose MD5s differ
+from torchvision's list) are never mistaken for corrupt ones.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def _download(name: str, root: Path) -> None:
 def load_idx_dataset(name: str, data_root: str | None) -> RawDataset:
     """`fmnist` or `mnist` from local IDX files, else a torchvision download."""
     _, title, system = IDX_DATASETS[name]
-    searched = [Path(data_root)] if data_root else []
-    for directory in [*searched, *system]:
+    # A --data-root given is the one place searched: a system copy found instead would be
+    # another dataset than the one the run records the path of.
+    searched = [Path(data_root)] if data_root else list(system)
+    for directory in searched:
         if (found := _idx_from(name, directory)) is not None:
             return found
     root = Path(download_root(data_root))
@@ -94,7 +97,7 @@ def load_idx_dataset(name: str, data_root: str | None) -> RawDataset:
         with cleanup_on_failure(root):
             _download(name, root)
     except Exception as e:  # torchvision raises several kinds of network errors
-        places = ", ".join(str(d) for d in [*searched, *system])
+        places = ", ".join(str(d) for d in searched)
         where = f"in {places}" if places else "(no --data-root given)"
         raise FedrcError(
             f"--data-root: {title} not found {where} and the download failed "
