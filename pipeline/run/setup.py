@@ -68,9 +68,18 @@ def make_executor(
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks, rules, early stopping) gets the plain loop under `auto` and refuses `batched`."""
+    staged tasks, rules, early stopping) gets the plain loop under `auto` and refuses `batched`.
+    `compile` (the batched step under torch.compile) refuses a run that the sequential one
+    trains."""
     cls = ALGORITHMS.get(config.algorithm)
     sequential_only = cls.needs_sequential
+    automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
+    if config.compile and not (config.executor == "batched" or automatic):
+        raise FedrcError(
+            "train.compile: compiles the batched executor's step, and this run trains with the "
+            "sequential one (executor: auto picks it on a CPU, and for the algorithms only it "
+            "runs); set executor: batched"
+        )
     if sequential_only and config.executor == "batched":
         raise FedrcError(
             f"train.executor: {config.algorithm} {cls.local_training}, which only the "
@@ -78,10 +87,11 @@ def make_executor(
         )
     model = run_model(config, data.manifest.image_shape, data.num_classes)
     sgd = sgd_options(config)
-    automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
     batched = config.executor == "batched" or automatic
     if batched:
-        return BatchedExecutor(model, device, **sgd, chunk_tasks=config.chunk_clients)
+        return BatchedExecutor(
+            model, device, **sgd, chunk_tasks=config.chunk_clients, compile=config.compile
+        )
     return SequentialExecutor(model, device, **sgd)
 
 
