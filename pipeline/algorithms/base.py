@@ -471,6 +471,12 @@ class Algorithm(ABC):
         says the run's --lr and, where a schedule or the algorithm moved it, the round's."""
         return f"lower --lr ({now})"
 
+    def as_released(self, switch: str) -> bool:
+        """One of the settings that give a released code's departure from its paper (IFCA's
+        zero_empty, say); False, the paper's rule, for a method built on this one whose own
+        `Settings` does not have it (a plugin's settings need not extend its parent's)."""
+        return bool(getattr(self.settings, switch, False))
+
     def round_info(self) -> dict[str, Any]:
         """Extra numbers for the round's metrics line (e.g. the number of active models)."""
         return {}

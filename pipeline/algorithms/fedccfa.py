@@ -309,7 +309,7 @@ class FedCCFA(Algorithm):
                 self.global_protos[label] = self.average(
                     protos[having, label], counts[having, label]
                 )
-                if self.settings.aliased_protos and self.settings.weights == "uniform":
+                if self.as_released("aliased_protos") and self.settings.weights == "uniform":
                     protos[having[0], label] = protos[having, label].sum(0)
         anchors, anchored = protos.clone(), present.clone()
         self.global_anchored = present.any(0)
