@@ -44,8 +44,10 @@ def data(args: argparse.Namespace, device: torch.device, samples: int) -> list[t
     ]
 
 
-def executor(args: argparse.Namespace, device: torch.device, conv: str) -> BatchedExecutor:
-    torch.manual_seed(0)  # the same model for both paths
+def executor(
+    args: argparse.Namespace, device: torch.device, conv: str, compile: bool = False
+) -> BatchedExecutor:
+    torch.manual_seed(0)  # the same model for every path
     shape = (args.image, args.image, args.channels)
     return BatchedExecutor(
         build_model(shape, args.classes, args.model),
@@ -59,6 +61,7 @@ def executor(args: argparse.Namespace, device: torch.device, conv: str) -> Batch
         chunk_tasks=args.chunk_tasks,
         precision=args.precision,
         conv=conv,
+        compile=compile,
     )
 
 
@@ -85,16 +88,17 @@ def works(args: argparse.Namespace, ex: BatchedExecutor) -> dict[str, Callable[[
     }
 
 
-def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[str, float]]:
-    """Fastest seconds of each path's calls and, on CUDA, the peak memory (MiB) of its calls
-    above what was allocated before each."""
-    calls = {conv: works(args, executor(args, device, conv)) for conv in PATHS}
-    best = {conv: {**dict.fromkeys(calls[conv], float("inf")), "memory": 0.0} for conv in PATHS}
-    for conv in PATHS:  # warm-up
+def measure(
+    device: torch.device, repeats: int, calls: dict[str, dict[str, Callable[[], object]]]
+) -> dict[str, dict[str, float]]:
+    """Fastest seconds of each path's calls after one warm-up call each and, on CUDA, the
+    peak memory (MiB) of its calls above what was allocated before each."""
+    best = {conv: {**dict.fromkeys(calls[conv], float("inf")), "memory": 0.0} for conv in calls}
+    for conv in calls:  # warm-up
         for work in calls[conv].values():
             work()
-    for _ in range(args.repeats):
-        for conv in PATHS:
+    for _ in range(repeats):
+        for conv in calls:
             for name, work in calls[conv].items():
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
@@ -106,8 +110,9 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[st
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options of the synthetic round and its model (compiled_step.py takes them too)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--image", type=int, default=28, help="height = width")
@@ -125,12 +130,13 @@ def main() -> None:
     parser.add_argument(
         "--tf32-matmul", action="store_true", help="torch.backends.cuda.matmul.allow_tf32"
     )
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32_matmul
-    best = measure(args, device)
+    return parser
+
+
+def header(args: argparse.Namespace, device: torch.device) -> str:
+    """The machine and the round measured, in one line."""
     tasks = args.clients * args.models
-    print(
+    return (
         f"{machine(device)}, torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
         f"{args.model} on {args.channels}×{args.image}×{args.image}, {args.clients} clients × "
         f"K={args.models} = {tasks} tasks, {args.samples} samples, batch {args.batch_size}, "
@@ -138,6 +144,15 @@ def main() -> None:
         f"{args.chunk_tasks or 'auto'}, {args.precision}, TF32 matmul {args.tf32_matmul}; "
         f"the fastest of {args.repeats}"
     )
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0]).parse_args()
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32_matmul
+    calls = {conv: works(args, executor(args, device, conv)) for conv in PATHS}
+    best = measure(device, args.repeats, calls)
+    print(header(args, device))
     memory = " peak GPU MiB above the start |" if device.type == "cuda" else ""
     print(f"| conv | s / step | s / round (local SGD) | s / E-step logits |{memory}")
     print("|---|---:|---:|---:|" + ("---:|" if memory else ""))

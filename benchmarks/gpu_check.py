@@ -66,6 +66,7 @@ class Sizes:
             precision = ["--batch-sizes", "8", "--batches", "1", "--samples", "16", "--repeats",
                          "1", "--round-clients", "2", "--round-samples", "8"]  # fmt: skip
             conv = ["--clients", "2", "--samples", "16", "--batch-size", "8", "--repeats", "1"]
+            compiled = [*conv, "--drop-last"]
             together = ["--rounds", "1", "--seeds", "0", "1", "--together", "2"]
         else:
             fmnist = ["--clients", "300", "--samples", "180", "--rounds", "3", "--warmup", "1"]
@@ -73,6 +74,7 @@ class Sizes:
             scale = ["--rounds", "2", "--warmup", "1"]
             precision = ["--round-rounds", "3", "--round-warmup", "1"]
             conv = []  # its defaults: 300 clients × K = 3, 180 samples, batch 128
+            compiled = ["--drop-last"]  # profile: reference, one step a task
             together = ["--rounds", "3", "--seeds", "0", "1", "--lrs", "0.03", "0.1",
                         "--together", "4"]  # fmt: skip
         pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
@@ -85,6 +87,9 @@ class Sizes:
              "(gpu_profile.py)"),
             ("conv-paths", [py, "benchmarks/conv_paths.py", "--device", self.device, *conv],
              "speed.md", "FMNIST CNN, the batched executor's convolution paths (conv_paths.py)"),
+            ("compiled-step", [py, "benchmarks/compiled_step.py", "--device", self.device,
+             *compiled], "speed.md", "FMNIST CNN, the batched step under torch.compile against "
+             "eager (compiled_step.py)"),
             ("together", [py, "benchmarks/together.py", "--device", self.device, "--data",
              str(data), *together], "speed.md", "a grid one by one and together "
              "(together.py)"),

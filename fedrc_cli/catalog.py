@@ -86,7 +86,8 @@ def settings_table(name: str, registry: Registry, card: Any) -> Group:
     for item in fields:
         kind = getattr(types_[item.name], "__name__", None) or str(types_[item.name])
         default = repr(getattr(defaults, item.name))
-        table.add_row(item.name, kind, default, description(item))
+        # a description's "[mean, std]" or a default's "[0.1, 0.3]" is text, not rich's markup
+        table.add_row(item.name, escape(kind), escape(default), escape(description(item)))
     if not fields:
         table.add_row("(none)", "", "", "")
     return Group(table, *profile_lines(settings))

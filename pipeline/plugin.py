@@ -20,6 +20,7 @@ from __future__ import annotations
 from pipeline.algorithms.adam_estep import AdamEStep
 from pipeline.algorithms.adaptive_fedavg import AdaptiveFedAvg
 from pipeline.algorithms.adaptive_k import AdaptiveK, AdaptiveKStep
+from pipeline.algorithms.apfl import APFL, APFLRule
 from pipeline.algorithms.base import Algorithm, HardClustering
 from pipeline.algorithms.cam import IFCACAM, FeSEMCAM
 from pipeline.algorithms.cfl import CFL, CFLStep
@@ -43,15 +44,19 @@ from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
 from pipeline.algorithms.fedccfa import FedCCFA
 from pipeline.algorithms.feddrift import FedDrift, FedDriftEager, FedDriftStep
 from pipeline.algorithms.fedem import FedEM, FedEMStep
+from pipeline.algorithms.fedgwc import FedGWC, FedGWCStep
 from pipeline.algorithms.fedprox import FedProx, FedProxStep
 from pipeline.algorithms.fedrc import FedRC, FedRCStep
 from pipeline.algorithms.fedsoft import FedSoft
 from pipeline.algorithms.fesem import FeSEM
 from pipeline.algorithms.flash import Flash, FlashStep
+from pipeline.algorithms.floco import Floco, FlocoRule, SimplexLinear
 from pipeline.algorithms.flux import FLUX
 from pipeline.algorithms.hard_train import HardTrainStep
 from pipeline.algorithms.ifca import IFCA, IFCAStep
 from pipeline.algorithms.pacfl import PACFL
+from pipeline.algorithms.personal import PersonalModels
+from pipeline.algorithms.pfedme import PFedMe, PFedMeRule
 from pipeline.algorithms.settings import (
     AdaptiveKSettings,
     EStepSettings,
@@ -66,16 +71,19 @@ from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings, positive, require, setting
 from pipeline.data.loaders import DatasetSpec, RawDataset
 from pipeline.engine.rows import RowStore
+from pipeline.engine.rules import LocalRule, Net, StepLosses
 from pipeline.engine.task import LocalResult, LocalTask, Stage
 from pipeline.models import ModelSpec
 
 __all__ = [
+    "APFL",
     "CFL",
     "CFLGP",
     "FLUX",
     "IFCA",
     "IFCACAM",
     "PACFL",
+    "APFLRule",
     "AdamEStep",
     "AdaptiveFedAvg",
     "AdaptiveK",
@@ -99,6 +107,8 @@ __all__ = [
     "FedDriftStep",
     "FedEM",
     "FedEMStep",
+    "FedGWC",
+    "FedGWCStep",
     "FedProx",
     "FedProxStep",
     "FedRC",
@@ -107,22 +117,31 @@ __all__ = [
     "FedrcError",
     "Flash",
     "FlashStep",
+    "Floco",
+    "FlocoRule",
     "HardClustering",
     "HardStep",
     "HardTrainSettings",
     "HardTrainStep",
     "IFCAStep",
     "LocalResult",
+    "LocalRule",
     "LocalTask",
     "Memory",
     "ModelSpec",
+    "Net",
+    "PFedMe",
+    "PFedMeRule",
+    "PersonalModels",
     "RawDataset",
     "RowStore",
     "Rows",
     "Settings",
     "SharedBody",
     "SharedBodySettings",
+    "SimplexLinear",
     "Stage",
+    "StepLosses",
     "StoCFL",
     "StoCFLStep",
     "TableNoise",

@@ -126,3 +126,19 @@ def test_server_momentum_by_hand() -> None:
         assert torch.allclose(new, models - expected_velocity)
         models = new
     assert "velocity" in algorithm.state_dict()  # in checkpoints
+
+
+def test_a_plugin_with_settings_of_its_own_runs_its_parents_rule() -> None:
+    """IFCAM's Settings (β only) does not extend IFCA's (zero_empty, an as-released switch):
+    IFCA's aggregate then takes the paper's rule, as IFCA with zero_empty false does (a model
+    no client chose keeps its weights), instead of failing in the middle of a round."""
+    plugin = build_algorithm(make_config(algorithm="server_momentum:IFCAM", beta=0.0), 2, 10)
+    assert not hasattr(plugin.settings, "zero_empty")
+    parent = build_algorithm(make_config(algorithm="ifca"), 2, 10)
+    models = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    for algorithm in (plugin, parent):
+        algorithm.begin_round(models)
+        algorithm.accumulate(0, torch.tensor([0.0, 2.0, 1.0]), 3.0)  # model 1: nobody
+        new = algorithm.aggregate(models)
+        assert torch.equal(new[1], models[1])
+    assert torch.equal(plugin.aggregate(models), parent.aggregate(models))

@@ -1,7 +1,7 @@
 """What only a GPU can show, run by `benchmarks/gpu_check.sh` (skipped where torch sees no GPU):
 the batched executor on CUDA against the sequential one for every algorithm, both convolution
-paths against the CPU, bf16 autocast, chunk sizing from free GPU memory, and a checkpoint
-written on CUDA resumed on the CPU."""
+paths against the CPU, bf16 autocast, chunk sizing from free GPU memory, the compiled step
+(CUDA graphs) against the eager one, and a checkpoint written on CUDA resumed on the CPU."""
 
 from __future__ import annotations
 
@@ -131,3 +131,20 @@ def test_persistent_momentum_stays_on_the_gpu(
     assert stores == [True, True, False]
     ours, theirs = rf.load_state(on_gpu / rf.MODEL), rf.load_state(on_disk / rf.MODEL)
     assert torch.allclose(ours["models"], theirs["models"], rtol=0, atol=1e-4)
+
+
+def test_compiled_step_matches_eager_on_cuda(tiny_data: Path, tmp_path: Path) -> None:
+    """`compile` on CUDA (CUDA graphs, `mode="reduce-overhead"`): each step's outputs are the
+    next step's inputs, chunk after chunk (a smaller last one) and round after round; the run
+    equals the eager step's."""
+    extra = dict(
+        device="cuda", executor="batched", chunk_clients=4, persistent_momentum=True, rounds=3
+    )
+    runs = {}
+    for compile in (False, True):
+        out = tmp_path / f"compile-{compile}"
+        run = train_stage(config(tiny_data, out, "fedrc", **extra, compile=compile))
+        runs[compile] = rf.read_metrics(run / rf.METRICS)
+        for row in runs[compile]:
+            row.pop("seconds")
+    assert_metrics_close(runs[False], runs[True], loss_tolerance=1e-3)

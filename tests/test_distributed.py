@@ -42,6 +42,11 @@ CASES = {
     "feddrift": {"clusters": 4, "feddrift": {"init": "per-client"}},  # drift: test_feddrift
     "flux": {"flux": {"cluster_round": 2}},  # statistics gathered from both ranks
     "fedccfa": {"fedccfa": {"align_after": 1}},  # classifier rows + prototypes shared rows
+    # personal models (and APFL's α_i) kept on every rank through shared rows
+    "apfl": {"apfl": {"adaptive": True}},
+    "pfedme": {"pfedme": {"personal_lr": 0.02}},
+    "fedgwc": {"fedgwc": {"eps": 10.0}},  # step losses summed over ranks; a split in round 2
+    "floco": {"floco": {"endpoints": 3, "tau": 2}},  # every rank's pseudo-gradients projected
     # issue 43's optimizers: the rate each place computes, the server's moments, early stops
     "adaptive-fedavg": {},  # the round's lr from the server state, the same on both ranks
     "flash": {"local_epochs": 4, "flash": {"gamma": 0.05}},  # clients stop early on their rank

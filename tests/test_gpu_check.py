@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # 4 to 10 minutes; .ci/run runs the dry run itself, this checks its output too
+@pytest.mark.slow  # 5 to 11 minutes; .ci/run runs the dry run itself, this checks its output too
 def test_gpu_check_dry_run_prints_every_table() -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -29,13 +29,14 @@ def test_gpu_check_dry_run_prints_every_table() -> None:
     assert "| --together 2 |" in out  # together.py
     assert out.count("| executor | s / round |") == 2  # FMNIST CNN and CIFAR-10 MobileNetV2
     assert "| im2col |" in out  # conv_paths.py
+    assert "| compiled |" in out and "compiled against eager: loss sums within" in out
     assert "mobilenet_v2" in out and "| fedrc | 4 | 16 |" in out and "| ifca | 2 | 32 |" in out
     # the matrix: stopped with a checkpoint, resumed from it on the same machine, started over
     # on a fresh one, and finished with FedRC-FT and the report
     assert len(re.findall(r"stopped \(train, round [23]/4\)", out)) == 2  # past round 2's
     assert "train from round 2" in out
     fresh = out[out.index("on a fresh machine") :]
-    assert "train from round 0" in fresh and "done: 20 of 20 steps; failed: none" in fresh
+    assert "train from round 0" in fresh and "done: 21 of 21 steps; failed: none" in fresh
     assert out.count(": finetune") == 4 and "fedrc report: report/report.md" in out
     # the lr grid and IFCA as released: seed 1 starts at the lr seed 0 picked for each
     found = re.findall(

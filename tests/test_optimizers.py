@@ -201,7 +201,7 @@ def test_schedule_and_optimizer_options_are_checked() -> None:
     ):
         with pytest.raises(FedrcError, match=match):
             make_config(**bad)
-    with pytest.raises(FedrcError, match="fedccfa trains each stage with SGD"):
+    with pytest.raises(FedrcError, match=r"^train\.optimizer: fedccfa trains in stages"):
         build_algorithm(make_config(algorithm="fedccfa", optimizer="adam"), 4, 10, (0, 44))
 
 

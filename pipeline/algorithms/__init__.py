@@ -106,6 +106,37 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FedCCFASettings,
             "fedccfa:FedCCFA",
         ),
+        # the personalized baselines of FLUX's comparison (NeurIPS 2020)
+        AlgorithmCard(
+            "apfl",
+            "APFL",
+            "Deng, Kamani & Mahdavi, arXiv:2003.13461, 2020",
+            own.APFLSettings,
+            "apfl:APFL",
+        ),
+        AlgorithmCard(
+            "pfedme",
+            "pFedMe",
+            "Dinh, Tran & Nguyen, NeurIPS 2020",
+            own.PFedMeSettings,
+            "pfedme:PFedMe",
+        ),
+        # clustering by the clients' losses (ICML 2025)
+        AlgorithmCard(
+            "fedgwc",
+            "FedGWC",
+            "Licciardi, Leo, Fanì, Caputo & Ciccone, ICML 2025",
+            own.FedGWCSettings,
+            "fedgwc:FedGWC",
+        ),
+        # regions of a shared solution simplex (NeurIPS 2024)
+        AlgorithmCard(
+            "floco",
+            "Floco",
+            "Grinwald, Wiesner & Nakajima, NeurIPS 2024",
+            own.FlocoSettings,
+            "floco:Floco",
+        ),
         # drift-adaptive learning rates and server optimizers (issue 43)
         AlgorithmCard(
             "adaptive-fedavg",

@@ -4,11 +4,13 @@ A subclass implements `assign` and overrides only the verbs its paper changes; d
 lists every verb with when it is called and what it must not do.
 
 Once: `init_state()`                the state before round 1 (ω uniform; clusters, tables …)
+      `participants(clients)`         the participating clients (every place; again at a resume)
 At the first round of each time step of a drifting benchmark (every place):
   `begin_step(step)`                 a detector's cue (FedDrift); the data of `step` is in use
 Only for an oracle option that asks (`wants_true_concepts()`), before each round (every place):
   `true_concepts(names, concepts)`   each client's true concept at the round's step
 Per round (FedRC paper, Algorithm 1; the same skeleton fits every baseline):
+  `round_clients(round, sampled, participating)`  who trains (default: the loop's sample)
   `begin_round(models)`              the server's models before local training; the running
                                      aggregates start from zero
   `plan_round(sampled)`              every place: the round's decisions that need no client
@@ -56,7 +58,8 @@ and for prediction:
                                      part: `step.held_out`, where the client's data lives)
   `assign_unlabeled(i, logits, images)`  the same without its labels (`fedrc eval`)
   `predict_weights(i)`               ω_i, the client's mixture over the K predictors
-  `personal_model(i)`                a client's own model, where the algorithm keeps one
+  `personal_model(i)`                a client's own model, where the algorithm keeps one (or
+                                     several rows, whose logits `combine_personal` mixes)
 
 `models` is an (R, P) tensor of flat models; R = `num_rows` (K, or K + 1 with a global model).
 A method that creates models during a run (CFL's splits) reserves its rows up front
@@ -79,6 +82,7 @@ from abc import ABC
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from pipeline.algorithms.client import ClientStep, Memory, Rows, Upload, hard_tasks, soft_tasks
 from pipeline.algorithms.client import hard_gamma as hard_gamma  # re-exported for algorithms
@@ -86,6 +90,7 @@ from pipeline.algorithms.client import lowest_loss as lowest_loss
 from pipeline.algorithms.client import one_hot as one_hot
 from pipeline.algorithms.server_opt import ServerOptimizer
 from pipeline.algorithms.settings import released_suffix
+from pipeline.common.errors import FedrcError
 from pipeline.common.settings import Settings
 from pipeline.config import TrainConfig
 from pipeline.engine.rows import RowStore
@@ -105,9 +110,14 @@ class Algorithm(ABC):
     Settings: ClassVar[type[Settings]] = Settings  # the algorithm's own options (none here)
     personal_models: ClassVar[bool] = False  # clients score with `personal_model` (FedSoft)
     describes: ClassVar[bool] = False  # clients send a statistic of their data (`describe`)
-    # its tasks need the sequential executor: `LocalTask.stages` (FedCCFA), `stop_gain` (Flash)
+    # its tasks need the sequential executor: `LocalTask.stages` (FedCCFA), a `LocalTask.rule`
+    # (APFL, pFedMe, FedGWC, Floco) or `stop_gain` (Flash); `local_training` says which, in the
+    # one-line refusals
     needs_sequential: ClassVar[bool] = False
-    staged: ClassVar[bool] = False  # its tasks use `LocalTask.stages`, which Flower cannot carry
+    local_training: ClassVar[str] = ""
+    # its tasks train by stages or a rule: SGD steps with fresh momentum in each local training,
+    # which Flower's messages do not carry
+    own_training: ClassVar[bool] = False
     # how a new client is assigned without its labels (`assign_unlabeled`), for reports
     unlabeled_rule: ClassVar[str] = "fallback: the model with the lowest prediction entropy"
     # the client part's class (`pipeline.algorithms.client`); None: the E-step runs where the
@@ -133,6 +143,12 @@ class Algorithm(ABC):
         return clusters
 
     @classmethod
+    def adapt_model(cls, model: nn.Module, settings: Settings) -> nn.Module:
+        """The run's model from `--model`'s, built before the algorithm (Floco swaps the final
+        layer for its solution simplex). Default: the model as it is."""
+        return model
+
+    @classmethod
     def label(cls, settings: Settings) -> str:
         """The run's name in a report: the title, with a setting that names a variant (the
         switches of the `released` profile: " (as released)")."""
@@ -155,6 +171,16 @@ class Algorithm(ABC):
         # [start, stop) of the final layer in a flat model, for variants that share everything
         # else across the K models (`models.layout.head_range`)
         self.head = head
+        if self.own_training and config.persistent_momentum:
+            raise FedrcError(
+                f"train.persistent_momentum: {self.name} {self.local_training}, each local "
+                "training starting with fresh momentum; set it to false"
+            )
+        if self.own_training and config.optimizer != "sgd":
+            raise FedrcError(
+                f"train.optimizer: {self.name} {self.local_training}, whose steps are SGD's; "
+                "set it to sgd"
+            )
         self.sums: torch.Tensor | None = None  # (R, P) Σ_i w_ik θ_ik of the round (`accumulate`)
         self.totals: torch.Tensor | None = None  # (R,) Σ_i w_ik
         self.server = ServerOptimizer(config)  # `server_step`: train.server_opt
@@ -175,6 +201,17 @@ class Algorithm(ABC):
     @property
     def num_rows(self) -> int:
         return self.num_models
+
+    def round_clients(self, round_: int, sampled: list[int], participating: list[int]):
+        """The clients that train in round `round_` (1, 2, …), from the round loop's sample and
+        all participating clients, on every place: a pure function of them and the state.
+        Default: the sample (Floco takes every client in its projection round)."""
+        return sampled
+
+    def participants(self, clients: list[int]) -> None:  # noqa: B027 (a hook)
+        """The participating clients (the others are held out and never train), once on every
+        place before round 1, again before a resume loads the state. FedGWC sizes its clusters
+        by them; default: nothing."""
 
     # --- time steps and client statistics -------------------------------------------------
     def begin_step(self, step: int) -> None:  # noqa: B027 (a hook: most algorithms need none)
@@ -443,7 +480,25 @@ class Algorithm(ABC):
         return torch.stack([self.predict_weights(i) for i in range(self.num_clients)])
 
     def personal_model(self, client: int) -> torch.Tensor | None:
+        """A client's own model (P,), or the (M, P) rows its predictor mixes
+        (`combine_personal`); None where it has none (the ω-weighted K rows predict)."""
         return None
+
+    def combine_personal(self, client: int, logits: torch.Tensor) -> torch.Tensor:
+        """The client's own logits (1, N, classes) from those of its `personal_model` rows
+        (M, N, classes). Default: the rows as they are (one row: FedSoft's model)."""
+        return logits
+
+    def divergence_hint(self, now: str) -> str:
+        """What a user lowers when a local training diverges (its step sizes' setting); `now`
+        says the run's --lr and, where a schedule or the algorithm moved it, the round's."""
+        return f"lower --lr ({now})"
+
+    def as_released(self, switch: str) -> bool:
+        """One of the settings that give a released code's departure from its paper (IFCA's
+        zero_empty, say); False, the paper's rule, for a method built on this one whose own
+        `Settings` does not have it (a plugin's settings need not extend its parent's)."""
+        return bool(getattr(self.settings, switch, False))
 
     def round_info(self) -> dict[str, Any]:
         """Extra numbers for the round's metrics line (e.g. the number of active models)."""

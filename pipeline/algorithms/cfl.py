@@ -158,7 +158,8 @@ class CFL(HardClustering):
         self._weight[client] = task.weight
         # as released, the port's norm over the (single) learner axis leaves |Δ_ij|, and its
         # max runs over clients and entries alike
-        self._norm[client] = float(update.abs().max() if self.settings.max_entry else update.norm())
+        largest = self.as_released("max_entry")
+        self._norm[client] = float(update.abs().max() if largest else update.norm())
         if self._updates is not None:
             self._updates.add(client, update)
 

@@ -180,7 +180,7 @@ class CFLGP(HardClustering):
     @property
     def criterion(self) -> int:
         """m = ⌊t/P⌋ mod K, the model whose block of G this clustering round fills."""
-        if not self.settings.cycle_criterion or self.settings.own_model_profile:
+        if not self.settings.cycle_criterion or self.as_released("own_model_profile"):
             return 0
         return self.round // self.settings.clustering_period % self.num_models
 
@@ -190,7 +190,7 @@ class CFLGP(HardClustering):
             cluster=-1 if unclustered else int(self.cluster[client]),
             # as released the profile is the cluster's own training: no extra one
             criterion=-1
-            if self.settings.own_model_profile or not self.clustering
+            if self.as_released("own_model_profile") or not self.clustering
             else self.criterion,
         )
 
@@ -219,7 +219,7 @@ class CFLGP(HardClustering):
     def fold(self, client: int, task: LocalTask, result: LocalResult) -> None:
         if task.weight > 0:  # the cluster's training, not the criterion model's alone
             super().fold(client, task, result)  # Σ_i N_i θ_i and Σ_i N_i of the client's cluster
-        own = self.settings.own_model_profile and task.weight > 0
+        own = self.as_released("own_model_profile") and task.weight > 0
         if self._probes is not None and (own or task.model == self.criterion):
             update = result.params[self._coords] - self._start[task.model, self._coords]
             self._probes.add(client, update)

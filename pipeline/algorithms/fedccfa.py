@@ -127,7 +127,8 @@ def label_keys(names: tuple[str, ...] | list[str], num_classes: int) -> torch.Te
 @described("fedccfa")
 class FedCCFA(Algorithm):
     personal_models = True
-    needs_sequential = staged = True  # staged local training (`LocalTask.stages`)
+    needs_sequential = own_training = True  # staged local training (`LocalTask.stages`)
+    local_training = "trains in stages (LocalTask.stages, class anchors, prototypes)"
     settings: FedCCFASettings
 
     @classmethod
@@ -136,17 +137,11 @@ class FedCCFA(Algorithm):
 
     def init_state(self) -> None:
         super().init_state()
-        if self.config.persistent_momentum:
+        if self.config.lr_schedule != "constant":
             raise FedrcError(
-                "train.persistent_momentum: fedccfa starts each training stage with fresh "
-                "momentum; set it to false"
+                "train.lr_schedule: fedccfa trains each stage with SGD at its own learning rate "
+                "(balanced_lr, clf_lr, rep_lr); set it to constant"
             )
-        for key, plain in (("optimizer", "sgd"), ("lr_schedule", "constant")):
-            if getattr(self.config, key) != plain:
-                raise FedrcError(
-                    f"train.{key}: fedccfa trains each stage with SGD at its own learning rate "
-                    f"(balanced_lr, clf_lr, rep_lr); set it to {plain}"
-                )
         c = self.num_classes
         width = 0 if self.head is None else self.head[1] - self.head[0]  # None: no model given
         if self.head is not None and (width % c or width // c < 2):
@@ -319,7 +314,7 @@ class FedCCFA(Algorithm):
                 self.global_protos[label] = self.average(
                     protos[having, label], counts[having, label]
                 )
-                if self.settings.aliased_protos and self.settings.weights == "uniform":
+                if self.as_released("aliased_protos") and self.settings.weights == "uniform":
                     protos[having[0], label] = protos[having, label].sum(0)
         anchors, anchored = protos.clone(), present.clone()
         self.global_anchored = present.any(0)

@@ -46,7 +46,7 @@ class FedSoft(Algorithm):
         self._trained: RowStore | None = None
 
     def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        fits = losses.argmax(1) if self.settings.largest_loss else losses.argmin(1)
+        fits = losses.argmax(1) if self.as_released("largest_loss") else losses.argmin(1)
         best = torch.bincount(fits, minlength=self.num_models).double()
         u = (best / losses.shape[0]).clamp(min=FLOOR).cpu()
         self._u = u / u.sum()
@@ -55,7 +55,7 @@ class FedSoft(Algorithm):
     def assign_held_out(
         self, client: int, losses: torch.Tensor, labels: torch.Tensor
     ) -> torch.Tensor:
-        if self.settings.held_out_model0:
+        if self.as_released("held_out_model0"):
             return one_hot(0, self.num_models)
         return super().assign_held_out(client, losses, labels)
 

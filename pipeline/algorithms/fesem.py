@@ -56,7 +56,7 @@ class FeSEM(HardClustering):
         distances = torch.cdist(result.params[None].double(), self._centres)[0]
         k = int(distances.argmin())
         self._moved[client] = k + 1
-        moved = k != task.model and self.settings.untrained_movers
+        moved = k != task.model and self.as_released("untrained_movers")
         self.sums[k] += task.weight * (self._received[k] if moved else result.params)
         self.totals[k] += task.weight
 
@@ -69,7 +69,7 @@ class FeSEM(HardClustering):
             self.cluster[client] = k
             self.omega[client] = one_hot(k, self.num_models)
         new = super().aggregate(models)
-        return zero_unchosen(new, self.totals) if self.settings.zero_empty else new
+        return zero_unchosen(new, self.totals) if self.as_released("zero_empty") else new
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "cluster": self.cluster}

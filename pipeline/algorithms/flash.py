@@ -55,6 +55,7 @@ class Flash(FedAvg):
     settings: FlashSettings
     Step = FlashStep
     needs_sequential = True  # early stopping: the sequential executor only
+    local_training = "stops early (LocalTask.stop_gain)"
     state_attributes = ("moments",)
 
     def init_state(self) -> None:

@@ -45,4 +45,4 @@ class IFCA(HardClustering):
 
     def aggregate(self, models: torch.Tensor) -> torch.Tensor:
         new = super().aggregate(models)
-        return zero_unchosen(new, self.totals) if self.settings.zero_empty else new
+        return zero_unchosen(new, self.totals) if self.as_released("zero_empty") else new

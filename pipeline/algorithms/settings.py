@@ -375,6 +375,79 @@ class FedCCFASettings(Settings):
         require(self.weights in WEIGHTS, "weights", f"one of {WEIGHTS}", self.weights)
 
 
+# --- the personalized baselines of FLUX's comparison: APFL and pFedMe -------------------------
+
+
+@dataclass(frozen=True)
+class APFLSettings(Settings):
+    """The authors' defaults (MLOPTPSU/FedTorch, its README's run): α = 0.5, not adapted."""
+
+    alpha: float = setting(0.5, "α_i at a client's first round: its personal model's share")
+    adaptive: bool = setting(False, "learn α_i by gradient steps (the paper's adaptive α)")
+
+    def validate(self) -> None:
+        require(0 <= self.alpha <= 1, "alpha", "a number in [0, 1]", self.alpha)
+
+
+@dataclass(frozen=True)
+class PFedMeSettings(Settings):
+    """The authors' defaults (CharlieDinh/pFedMe, main.py; `personal_decay` is the μ their
+    optimizer hard-codes). train.lr, momentum and weight_decay do not apply: pFedMe's steps are
+    its own; β is train.server_lr."""
+
+    lam: float = setting(15.0, "λ, the pull (λ/2)‖θ − w‖² between personal and local model")
+    inner_steps: int = setting(5, "K, the steps on θ per batch (the inner problem)")
+    personal_lr: float = setting(0.09, "η_p, the step size of θ's inner steps")
+    local_lr: float = setting(0.005, "η, the step w ← w − ηλ(w − θ) of the local model")
+    personal_decay: float = setting(0.001, "μ, an L2 pull of θ towards 0 in its inner steps")
+
+    def validate(self) -> None:
+        require(positive(self.lam), "lam", "a number > 0", self.lam)
+        require(self.inner_steps >= 1, "inner_steps", "an integer >= 1", self.inner_steps)
+        require(positive(self.personal_lr), "personal_lr", "a number > 0", self.personal_lr)
+        require(positive(self.local_lr), "local_lr", "a number > 0", self.local_lr)
+        decay = self.personal_decay
+        require(decay >= 0, "personal_decay", "a number >= 0", decay)
+
+
+# --- FedGWC ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FedGWCSettings(Settings):
+    """The authors' defaults (davedleo/FedGWC, config.py)."""
+
+    gamma: float = setting(0.1, "γ of the affinity exp(−γ ‖W_i − W_j‖²) between two clients")
+    eps: float = setting(1e-5, "ε: a cluster clusters when its interactions change less than ε")
+    loss_sampling_size: int = setting(
+        10, "the Gaussian's population: losses drawn from N(μ_s, σ²_s) beside the sampled ones"
+    )
+
+    def validate(self) -> None:
+        require(positive(self.gamma), "gamma", "a number > 0", self.gamma)
+        require(positive(self.eps), "eps", "a number > 0", self.eps)
+        size = self.loss_sampling_size
+        require(size >= 0, "loss_sampling_size", "an integer >= 0", size)
+
+
+# --- Floco -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlocoSettings(Settings):
+    """The Flower baseline's CIFAR-10 setting (M 10, τ 250, ρ 0.3; the authors' FL-bench
+    configs: M 10 or 20, τ 250, ρ 0.01 to 0.5)."""
+
+    endpoints: int = setting(10, "M, the endpoints of the solution simplex (1: FedAvg)")
+    tau: int = setting(250, "τ: the round in which every client trains and is projected")
+    rho: float = setting(0.3, "ρ, the radius of a client's region around its projection")
+
+    def validate(self) -> None:
+        require(self.endpoints >= 1, "endpoints", "an integer >= 1", self.endpoints)
+        require(self.tau >= 1, "tau", "an integer >= 1", self.tau)
+        require(self.rho >= 0, "rho", "a number >= 0", self.rho)
+
+
 # --- the server and learning-rate optimizers of issue 43 (Adaptive-FedAvg, Flash) ---------
 @dataclass(frozen=True)
 class AdaptiveFedAvgSettings(Settings):

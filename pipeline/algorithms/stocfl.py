@@ -248,7 +248,7 @@ class StoCFL(Algorithm):
             (b, a) if (self.cluster == a).sum() < (self.cluster == b).sum() else (a, b)
         )
         kept = int(self.row[larger])
-        if kept < 0 and not self.settings.larger_model_only:  # as released: none kept
+        if kept < 0 and not self.as_released("larger_model_only"):  # as released: none kept
             kept = int(self.row[smaller])
         members = self.cluster == b
         self.cluster[members] = a

@@ -40,6 +40,7 @@ RESUMABLE = (
     "device",
     "executor",
     "chunk_clients",
+    "compile",
     "checkpoint_every",
     "log",
 )
@@ -89,7 +90,7 @@ class TrainConfig:
             "lr_period",
         ),
         "Evaluation and checkpoints": ("eval_every", "checkpoint_every", "log"),
-        "Execution": ("device", "executor", "chunk_clients", "precision"),
+        "Execution": ("device", "executor", "chunk_clients", "precision", "compile"),
     }
 
     # Run
@@ -193,6 +194,11 @@ class TrainConfig:
         "fp32, or bf16: forward passes (training, E-step, evaluation) under bfloat16 autocast "
         "on the CPU or CUDA; weights, optimizer state and aggregation stay fp32.",
     )
+    compile: bool = option(
+        False,
+        "Batched: the local step under torch.compile, compiled once per batch shape (CUDA "
+        "graphs on CUDA); the same numbers up to float rounding.",
+    )
 
     # The algorithm's and the model's own settings (`pipeline.run.resolve`)
     settings: dict[str, Any] = field(default_factory=dict, compare=True, repr=True)
@@ -262,6 +268,12 @@ class TrainConfig:
                 "fresh at each local training (set persistent_momentum: false)"
             )
         _require(ls in SCHEDULES, f"{t}.lr_schedule", f"one of {SCHEDULES}", ls)
+        if self.compile and op != "sgd":
+            raise FedrcError(
+                f"{t}.compile: compiles SGD's local step only; {op}'s update divides by √v, "
+                "where compiled rounding of near-zero gradients moves weights by up to lr "
+                "(set compile: false)"
+            )
         rs = self.lr_step_rounds
         _require(rs >= 1, f"{t}.lr_step_rounds", "an integer >= 1", rs)
         _require(0 < self.lr_gamma <= 1, f"{t}.lr_gamma", "a number in (0, 1]", self.lr_gamma)

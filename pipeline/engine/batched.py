@@ -36,6 +36,10 @@ How the tasks are kept apart (one computation for many small trainings is what a
 - Precision. `precision="bf16"` runs the vmapped forward passes and losses under bfloat16
   autocast, on CUDA or the CPU, as the sequential executor does; the parameters, gradients,
   momentum and the update stay float32.
+- Compilation. With `compile=True` each global step of SGD (the groups' forward passes, the
+  gradient and the update) runs under `torch.compile`, once per batch shape
+  (`pipeline.engine.compiled`); the step takes and returns new tensors, so that on CUDA it can
+  be one CUDA graph. Its numbers equal the eager step's up to float rounding.
 
 On a CPU this is slower than the sequential loop (protocol §6); `executor: auto` picks it only on
 CUDA. On a CPU shared by several runs, give each process one thread (`OMP_NUM_THREADS=1` or
@@ -53,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from pipeline.engine.compiled import CompiledStep
 from pipeline.engine.im2col import column_elements, conv_path, with_im2col
 from pipeline.engine.sequential import NonFiniteLoss, SequentialExecutor, as_input
 from pipeline.engine.task import Job, LocalResult, LocalTask
@@ -75,6 +80,16 @@ class Pool(NamedTuple):
 Group = tuple[int, torch.Tensor, torch.Tensor]  # batch length L, task ids (G,), positions (G, L)
 
 
+class Batch(NamedTuple):
+    """One group's data at a step, gathered from the chunk's `Pool` (`BatchedExecutor._gather`)."""
+
+    ids: torch.Tensor  # (G,) the group's tasks
+    images: torch.Tensor  # (G, L, C, H, W) uint8
+    labels: torch.Tensor  # (G, L)
+    weights: torch.Tensor  # (G, L)
+    offsets: torch.Tensor | None  # (G, L, classes)
+
+
 class Rates(NamedTuple):
     """Each task's SGD numbers, (T,) tensors, when a chunk holds the tasks of several runs
     (`pipeline.engine.cohort`); a chunk of one run uses its executor's numbers as they are."""
@@ -92,7 +107,8 @@ class BatchedExecutor(SequentialExecutor):
     CPU). `precision`: "fp32" (default) or "bf16" (autocast, `SequentialExecutor`). `conv`:
     how convolutions with per-task weights run: "im2col" (one batched product per layer,
     `pipeline.engine.im2col`), "grouped" (vmap's grouped convolution) or "auto" (im2col on
-    CUDA, grouped on the CPU).
+    CUDA, grouped on the CPU). `compile`: the local step under `torch.compile`
+    (`pipeline.engine.compiled`; CUDA graphs on CUDA).
     """
 
     def __init__(
@@ -112,6 +128,7 @@ class BatchedExecutor(SequentialExecutor):
         optimizer: str = "sgd",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        compile: bool = False,
     ) -> None:
         super().__init__(
             model,
@@ -138,6 +155,11 @@ class BatchedExecutor(SequentialExecutor):
         self.conv = conv_path(conv, device)
         # the module that vmap runs: the model, or its copy whose convolutions take im2col
         self.vmapped = with_im2col(self.model) if self.conv == "im2col" else self.model
+        # SGD's step, compiled once per batch shape
+        if compile and self.rule is not None:
+            raise ValueError(f"compile: compiles SGD's step, not {optimizer}'s")
+        self.compiled = CompiledStep(self._step, device) if compile else None
+        self.compiled_chunk: int | None = None  # `chunk_size` when compiled
 
     # --- stacked flat vectors ↔ dictionaries of stacked tensors ---------------------------
     def _unflatten(self, flat: torch.Tensor) -> tuple[dict, dict]:
@@ -286,47 +308,44 @@ class BatchedExecutor(SequentialExecutor):
         batches, sizes, masking); task t trains with the batch size, epochs and SGD numbers of
         `owners[t]`, an executor of the same model (itself, or another run's in a cohort)."""
         tasks = [job[0] for job in jobs]
-        if any(t.stages or t.prototypes or t.stop_gain for t in tasks):  # `needs_sequential`
-            raise ValueError(
-                "the batched executor runs neither staged tasks (LocalTask.stages) nor early "
-                "stopping (LocalTask.stop_gain)"
+        if any(t.stages or t.prototypes or t.rule is not None or t.stop_gain for t in tasks):
+            raise ValueError(  # `needs_sequential`
+                "the batched executor runs neither staged tasks (LocalTask.stages), rules "
+                "(LocalTask.rule) nor early stopping (LocalTask.stop_gain)"
             )
         pool = self._pool(jobs)
         steps, mask = self._schedule(jobs, owners)
         groups_per_step, mask_dev = self._on_device(steps), mask.to(self.device)
         params, buffers = self._unflatten(torch.stack([t.start for t in tasks]).to(self.device))
         params, buffers = list(params.values()), list(buffers.values())
-        rates = self._rates(owners)
+        # compiled, the numbers are tensors: a schedule's new lr is no new shape to compile
+        rates = self._rates(owners, always=self.compiled is not None)
         if self.rule is None:
             bufs = self._momentum_start(tasks, owners)
         else:
             bufs = self._moments_start(tasks)
         anchors, mus = self._proximal(tasks)
         self.vmapped.train()
-        in_dims = (0, 0, 0, 0, 0, None if pool.offsets is None else 0)
-        loss = vmap(self._task_loss, in_dims=in_dims, randomness="different")
         total = torch.zeros(len(jobs), dtype=torch.float64, device=self.device)
         for j, groups in enumerate(groups_per_step):
-            leaves = [p.detach().requires_grad_() for p in params]
-            objective = 0.0
-            for group in groups:
-                objective = objective + self._group_objective(
-                    loss, leaves, buffers, group, pool, total
-                )
-            grads = torch.autograd.grad(objective, leaves, allow_unused=True)
+            batches = [self._gather(group, pool) for group in groups]
             masked = None if bool(mask[j].all()) else mask_dev[j]
+            optional = (masked, bufs, anchors, pool.offsets)
+            key = (len(jobs), *(b.images.shape for b in batches), *(t is None for t in optional))
             if self.rule is None:
-                params, bufs = self._sgd(leaves, grads, bufs, anchors, mus, masked, rates)
+                args = (params, buffers, batches, total, bufs, anchors, mus, masked, rates)
+                params, buffers, bufs, total = self._run(key, *args)
             else:  # every task still training takes its step j + 1 (a task stops, never pauses)
-                params, bufs = self._adam(leaves, grads, bufs, anchors, mus, masked, j + 1)
+                grads, buffers, total = self._gradients(params, buffers, batches, total)
+                params, bufs = self._adam(params, grads, bufs, anchors, mus, masked, j + 1)
         _raise_if_not_finite(total)  # one check per chunk, not per step
         return self._results(tasks, params, buffers, bufs, total, owners)
 
-    def _rates(self, owners: list[BatchedExecutor]) -> Rates | None:
-        """Per-task SGD numbers when the owners' differ; None when they are this executor's
-        (the numbers of a run trained alone, as scalars)."""
+    def _rates(self, owners: list[BatchedExecutor], always: bool = False) -> Rates | None:
+        """Per-task SGD numbers when the owners' differ or `always`; None when they are this
+        executor's (the numbers of a run trained alone, as scalars)."""
         numbers = [(o.lr, o.weight_decay, o.momentum) for o in owners]
-        if all(n == (self.lr, self.weight_decay, self.momentum) for n in numbers):
+        if not always and all(n == (self.lr, self.weight_decay, self.momentum) for n in numbers):
             return None
         columns = torch.tensor(numbers, dtype=torch.float32, device=self.device).T
         return Rates(*columns)
@@ -375,27 +394,60 @@ class BatchedExecutor(SequentialExecutor):
             out = out + o
         return (w * F.cross_entropy(out.float(), y, reduction="none")).sum()
 
+    def _gather(self, group: Group, pool: Pool) -> Batch:
+        """One group's batches from the chunk's pool (outside the compiled step: the pool's
+        size changes from chunk to chunk, a group's shape seldom)."""
+        _, ids, pos = group
+        rows = pos + pool.bases[0, ids, None]  # into the image pool
+        cols = pos + pool.bases[1, ids, None]  # into the weights and offsets
+        offsets = None if pool.offsets is None else pool.offsets[cols]
+        return Batch(ids, pool.images[rows], pool.labels[rows], pool.weights[cols], offsets)
+
+    def _run(self, key: tuple, *args):
+        """`_step(*args)`, compiled for `key` (the step's shapes) when `compile` is on."""
+        return self._step(*args) if self.compiled is None else self.compiled(key, *args)
+
+    def _step(self, params, buffers, batches, total, bufs, anchors, mus, mask, rates):
+        """One global step of SGD for every task: the gradients (`_gradients`), then `_sgd`.
+        Returns new parameters, buffers, momentum and loss sums; leaves its inputs as they
+        were (the compiled step's CUDA graph then mutates none of its inputs)."""
+        grads, buffers, total = self._gradients(params, buffers, batches, total)
+        params, bufs = self._sgd(params, grads, bufs, anchors, mus, mask, rates)
+        return params, buffers, bufs, total
+
+    def _gradients(self, params, buffers, batches: list[Batch], total: torch.Tensor):
+        """The forward passes of a step's groups and the gradient of their objective with
+        respect to every task's parameters (None for an unused one); the buffers that
+        BatchNorm updated and the loss sums with each task's Σ w·f added, as new tensors."""
+        leaves = [p.detach().requires_grad_() for p in params]
+        buffers = [b.clone() for b in buffers]  # the step's own, updated in place
+        in_dims = (0, 0, 0, 0, 0, None if batches[0].offsets is None else 0)
+        loss = vmap(self._task_loss, in_dims=in_dims, randomness="different")
+        objective = 0.0
+        for batch in batches:
+            part, total = self._group_objective(loss, leaves, buffers, batch, total)
+            objective = objective + part
+        grads = torch.autograd.grad(objective, leaves, allow_unused=True)
+        return grads, buffers, total
+
     def _group_objective(
-        self, loss, leaves, buffers, group: Group, pool: Pool, total: torch.Tensor
-    ) -> torch.Tensor:
-        """The forward pass of one group's tasks (one batch length) at a step: adds each task's
-        Σ w·f to `total` and returns the group's part of the objective, Σ over tasks of
-        Σ w·f / L. A group of only some tasks writes their BatchNorm statistics back."""
-        length, ids, pos = group
+        self, loss, leaves, buffers, batch: Batch, total: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass of one group's tasks (one batch length) at a step: the group's
+        part of the objective, Σ over tasks of Σ w·f / L, and `total` with each task's Σ w·f
+        added. A group of only some tasks writes their BatchNorm statistics back."""
+        ids, length = batch.ids, batch.images.shape[1]
         full = ids.numel() == total.numel()  # every task of the chunk, in order
         p_g = leaves if full else [p[ids] for p in leaves]
         b_g = buffers if full else [b[ids] for b in buffers]
-        rows = pos + pool.bases[0, ids, None]  # into the image pool
-        cols = pos + pool.bases[1, ids, None]  # into the weights and offsets
-        x, y, w = as_input(pool.images[rows]), pool.labels[rows], pool.weights[cols]
+        x = as_input(batch.images)
         with self.autocast():
-            offsets = None if pool.offsets is None else pool.offsets[cols]
-            weighted = loss(p_g, b_g, x, y, w, offsets)
+            weighted = loss(p_g, b_g, x, batch.labels, batch.weights, batch.offsets)
         if not full:  # the running statistics this group's forward updated
             for b, new in zip(buffers, b_g):
                 b.index_copy_(0, ids, new)
-        total.index_add_(0, ids, weighted.detach().double())
-        return (weighted / length).sum()
+        total = total.index_add(0, ids, weighted.detach().double())
+        return (weighted / length).sum(), total
 
     def _results(self, tasks, params, buffers, bufs, total, owners) -> list[LocalResult]:
         """Each task's trained flat vector, loss sum and, when it brought one, momentum."""
@@ -483,8 +535,16 @@ class BatchedExecutor(SequentialExecutor):
 
     # --- memory ---------------------------------------------------------------------------
     def chunk_size(self, images: torch.Tensor) -> int:
-        """Tasks per chunk: `chunk_tasks` when given, else `auto_chunk`."""
-        return self.chunk_tasks or self.auto_chunk(images)
+        """Tasks per chunk: `chunk_tasks` when given, else `auto_chunk`; compiled, the first
+        chunk's `auto_chunk` for good (the free memory moves, and each chunk size is another
+        shape to compile)."""
+        if self.chunk_tasks:
+            return self.chunk_tasks
+        if self.compiled is None:
+            return self.auto_chunk(images)
+        if self.compiled_chunk is None:
+            self.compiled_chunk = self.auto_chunk(images)
+        return self.compiled_chunk
 
     def auto_chunk(self, images: torch.Tensor) -> int:
         """Tasks per chunk: `CPU_CHUNK` on a CPU; on CUDA, MEMORY_SHARE of the free memory

@@ -21,6 +21,7 @@ from torch import nn
 
 from pipeline.engine.heap import keep_freed_buffers
 from pipeline.engine.local_opt import Adam, local_rule
+from pipeline.engine.rules import Net
 from pipeline.engine.task import Job, LocalResult, LocalTask, Stage
 
 INFERENCE_CHUNK = 256  # measured fastest for the CNN on the 2-core CPU
@@ -138,6 +139,13 @@ class SequentialExecutor:
             out = self.model(as_input(images))
         return out.float()
 
+    def forward_with(self, tensors: dict[str, torch.Tensor], images: torch.Tensor) -> torch.Tensor:
+        """`forward` with `tensors` (parameters and buffers by name) in place of the module's
+        own (`torch.func.functional_call`): what a `LocalRule` computes with."""
+        with self.autocast():
+            out = torch.func.functional_call(self.model, tensors, (as_input(images),))
+        return out.float()
+
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """`flat`'s trainable part cut into tensors shaped like the parameters."""
         sizes = [p.numel() for p in self.params]
@@ -190,11 +198,14 @@ class SequentialExecutor:
 
         Momentum starts fresh unless the task brings a buffer. Batches are drawn from a
         generator seeded with `seed`, so a task's result depends only on its inputs. A task with
-        `stages` runs them in turn (`train_staged`); one with `stop_gain` γ > 0 stops after
-        epoch e ≥ 2 when its loss gained less than γ / e over epoch e (`early_stop`).
+        `stages` runs them in turn (`train_staged`); one with a `rule` hands it its batches
+        (`train_rule`); one with `stop_gain` γ > 0 stops after epoch e ≥ 2 when its loss gained
+        less than γ / e over epoch e (`early_stop`).
         """
         if task.stages:
             return self.train_staged(task, images, labels, seed)
+        if task.rule is not None:
+            return self.train_rule(task, images, labels, seed)
         anchor = None if task.anchor is None or task.mu == 0 else self._views(task.anchor)
         gen = torch.Generator().manual_seed(seed)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -348,6 +359,28 @@ class SequentialExecutor:
         if task.momentum is None or self.rule is not None:
             return None
         return torch.cat([b.reshape(-1) for b in bufs])
+
+    def train_rule(
+        self, task: LocalTask, images: torch.Tensor, labels: torch.Tensor, seed: int
+    ) -> LocalResult:
+        """A task's own training (`LocalTask.rule`, `pipeline.engine.rules`) on the batches a
+        plain training of the task would draw."""
+        if task.momentum is not None:
+            raise ValueError("persistent momentum does not combine with LocalTask.rule")
+        net, rule = Net(self), task.rule
+        self._mode(True)
+        rule.begin(net, task.start)
+        gen = torch.Generator().manual_seed(seed)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for _ in range(self.local_epochs):
+            order = torch.randperm(labels.shape[0], generator=gen).to(self.device)
+            for idx in self._batches(order):
+                total += rule.batch(net, images[idx], labels[idx])
+        trained, extras = rule.end(net)
+        loss_sum = float(total)
+        if not math.isfinite(loss_sum):
+            raise NonFiniteLoss(f"local loss {loss_sum}")
+        return LocalResult(trained, loss_sum, None, extras=extras)
 
     # --- staged training (LocalTask.stages; task.py's docstring) ---------------------------
     def trains(self, stage: Stage) -> list[bool]:

@@ -30,6 +30,9 @@ stage, as FedCCFA's code makes one), on:
   whose own class has none adds 0)
 `prototypes`: after the last stage, the mean feature h of each class over the client's samples
 (eval mode, no gradient), (classes, D), zero rows for absent classes.
+A task with a `rule` (`pipeline.engine.rules.LocalRule`: APFL's and pFedMe's two models trained
+together) hands its batches to the rule instead, which returns the trained row and named
+`extras` (a personal model, a mixing weight).
 The loss sum of a staged task (the round's train loss) is the cross-entropy part of the stages
 that are not `balanced` (a balanced subset is not the client's data), rescaled to the executor's
 `local_epochs`: Σ w·f × local_epochs / Σ epochs. Persistent momentum does not combine with stages.
@@ -37,9 +40,11 @@ that are not `balanced` (a balanced subset is not the client's data), rescaled t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from pipeline.engine.rules import LocalRule
 
 PERSONAL = -1  # `LocalTask.model` of a client's own model (FedSoft), not one of the K rows
 
@@ -72,6 +77,7 @@ class LocalTask:
     stages: tuple[Stage, ...] = ()  # staged training; () is the plain local training
     class_anchors: torch.Tensor | None = None  # (classes, D) alignment targets, NaN row: none
     prototypes: bool = False  # return the mean feature of each class after training
+    rule: LocalRule | None = None  # a local training of its own (`pipeline.engine.rules`)
     # early stopping (Flash): after epoch e ≥ 1 with more to go, the mean loss L_e on the task's
     # samples; stop when L_{e−1} − L_e < stop_gain / e (L_0 = ∞); 0: every epoch runs
     stop_gain: float = 0.0
@@ -86,3 +92,4 @@ class LocalResult:
     loss_sum: float  # Σ w·f over every sample seen, for the train loss
     momentum: torch.Tensor | None  # final SGD momentum (returned when the task brought one)
     prototypes: torch.Tensor | None = None  # (classes, D) when the task asked for them
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # a rule's other outputs

@@ -84,13 +84,16 @@ def personal_logits(
     algorithm: Algorithm, executor: SequentialExecutor, data: FederatedData, clients: list[int]
 ) -> dict[int, torch.Tensor]:
     """(1, N_i, classes) logits of each client's own model on its rows, where it has one
-    (FedSoft's personal models)."""
+    (FedSoft's personal models; APFL's two rows, mixed by `combine_personal`)."""
     out = {}
     for client in clients:
         own = algorithm.personal_model(client)
         if own is not None:
             rows = slice(data.train_slices[client].start, data.test_slices[client].stop)
-            out[client] = executor.logits(own[None].to(data.images.device), data.images[rows])
+            own = own.reshape(-1, own.shape[-1]).to(data.images.device)
+            out[client] = algorithm.combine_personal(
+                client, executor.logits(own, data.images[rows])
+            )
     return out
 
 

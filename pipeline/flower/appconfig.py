@@ -44,11 +44,11 @@ def check_config(config: TrainConfig) -> None:
             "persistent_momentum: not available on Flower (each client's momentum would have "
             "to stay on its node); set train.persistent_momentum: false"
         )
-    if ALGORITHMS.get(config.algorithm).staged:
+    cls = ALGORITHMS.get(config.algorithm)
+    if cls.own_training:
         raise FedrcError(
-            f"train.algorithm: {config.algorithm} trains in stages (LocalTask.stages, class "
-            "anchors, prototypes), which the Flower messages do not carry yet; run it with "
-            "fedrc train or torchrun"
+            f"train.algorithm: {config.algorithm} {cls.local_training}, which the Flower "
+            "messages do not carry yet; run it with fedrc train or torchrun"
         )
     if ALGORITHMS.get(config.algorithm).describes:
         raise FedrcError(

@@ -41,11 +41,10 @@ from pipeline.engine.sequential import NonFiniteLoss
 from pipeline.engine.task import Job, LocalResult, LocalTask
 from pipeline.flower import wire
 from pipeline.flower.appconfig import Deployment, check_config
-from pipeline.models import build_model
 from pipeline.places.communicate import Communicator
 from pipeline.run.clients import ClientWork, LocalClients, receive_held_out, score_tables
 from pipeline.run.files import checkpoint_round
-from pipeline.run.setup import sgd_options
+from pipeline.run.setup import run_model, sgd_options
 from pipeline.run.training import train_run
 
 log = logging.getLogger("fedrc.flower")
@@ -307,9 +306,7 @@ class RemoteExecutor(SequentialExecutor):
     The model it holds serves only for the layout (initial models, parameter counts)."""
 
     def __init__(self, config: TrainConfig, manifest: Manifest, nodes: Nodes) -> None:
-        model = build_model(
-            manifest.image_shape, manifest.num_classes, config.model, config.model_settings
-        )
+        model = run_model(config, manifest.image_shape, manifest.num_classes)
         super().__init__(model, torch.device("cpu"), **sgd_options(config))
         self.nodes = nodes
         self.row_client = wire.global_layout(manifest)[1]

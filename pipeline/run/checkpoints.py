@@ -92,6 +92,7 @@ def warn_uncovered_state(run: Run) -> bool:
     warned, so a run warns once."""
     algorithm, data = run.algorithm, run.data
     fresh = build_algorithm(run.config, len(data.clients), data.num_classes, algorithm.head)
+    fresh.participants(list(data.participating))
     try:
         names = uncovered(algorithm, fresh)
     except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as e:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from pipeline.algorithms import ALGORITHMS, build_algorithm, num_models
 from pipeline.algorithms.base import Algorithm
@@ -53,27 +54,44 @@ def sgd_options(config: TrainConfig) -> dict[str, Any]:
     )
 
 
+def run_model(config: TrainConfig, shape: tuple[int, int, int], classes: int) -> nn.Module:
+    """The run's model: `--model`, as the algorithm adapts it (`Algorithm.adapt_model`)."""
+    model = build_model(shape, classes, config.model, config.model_settings)
+    cls = ALGORITHMS.get(config.algorithm)
+    settings = config.algorithm_settings
+    return cls.adapt_model(model, settings if settings is not None else cls.Settings())
+
+
 def make_executor(
     config: TrainConfig, data: FederatedData, device: torch.device
 ) -> SequentialExecutor:
     """`executor: auto` is the plain loop on a CPU and the batched one on CUDA (docs/performance.md,
     *Executors and speed*);
     an algorithm whose local training only the sequential executor runs (`needs_sequential`:
-    staged tasks, early stopping) gets the plain loop under `auto` and refuses `batched`."""
-    sequential_only = ALGORITHMS.get(config.algorithm).needs_sequential
-    if sequential_only and config.executor == "batched":
-        how = "trains in stages" if ALGORITHMS.get(config.algorithm).staged else "stops early"
-        raise FedrcError(
-            f"train.executor: {config.algorithm} {how}, which only the sequential executor "
-            "runs; use auto or sequential"
-        )
-    shape = data.manifest.image_shape
-    model = build_model(shape, data.num_classes, config.model, config.model_settings)
-    sgd = sgd_options(config)
+    staged tasks, rules, early stopping) gets the plain loop under `auto` and refuses `batched`.
+    `compile` (the batched step under torch.compile) refuses a run that the sequential one
+    trains."""
+    cls = ALGORITHMS.get(config.algorithm)
+    sequential_only = cls.needs_sequential
     automatic = config.executor == "auto" and device.type == "cuda" and not sequential_only
+    if config.compile and not (config.executor == "batched" or automatic):
+        raise FedrcError(
+            "train.compile: compiles the batched executor's step, and this run trains with the "
+            "sequential one (executor: auto picks it on a CPU, and for the algorithms only it "
+            "runs); set executor: batched"
+        )
+    if sequential_only and config.executor == "batched":
+        raise FedrcError(
+            f"train.executor: {config.algorithm} {cls.local_training}, which only the "
+            "sequential executor runs; use auto or sequential"
+        )
+    model = run_model(config, data.manifest.image_shape, data.num_classes)
+    sgd = sgd_options(config)
     batched = config.executor == "batched" or automatic
     if batched:
-        return BatchedExecutor(model, device, **sgd, chunk_tasks=config.chunk_clients)
+        return BatchedExecutor(
+            model, device, **sgd, chunk_tasks=config.chunk_clients, compile=config.compile
+        )
     return SequentialExecutor(model, device, **sgd)
 
 
@@ -81,12 +99,11 @@ def initial_models(
     executor: SequentialExecutor, data: FederatedData, config: TrainConfig, rows: int
 ) -> torch.Tensor:
     """`rows` independently initialised models, seeded: rows of an (R, P) tensor."""
-    shape = data.manifest.image_shape
     flat = []
     with GLOBAL_RNG:  # the seeded stream is this run's alone, even beside other runs' threads
         torch.manual_seed(config.seed)
         for _ in range(rows):
-            model = build_model(shape, data.num_classes, config.model, config.model_settings)
+            model = run_model(config, data.manifest.image_shape, data.num_classes)
             executor.model.load_state_dict(model.state_dict())
             flat.append(executor.flatten())
     return torch.stack(flat)
@@ -125,7 +142,7 @@ def check_fits(config: TrainConfig, image_shape: tuple[int, int, int], classes: 
     (a GPU asked for and absent is the run's own error)."""
     gpu = config.device != "cpu" and torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
-    model = build_model(image_shape, classes, config.model, config.model_settings)
+    model = run_model(config, image_shape, classes)
     check_models_fit(num_models(config), flat_size(model), device)
 
 
@@ -184,6 +201,7 @@ def build_run(
     algorithm = build_algorithm(
         config, len(data.clients), data.num_classes, head_range(executor.model)
     )
+    algorithm.participants(list(data.participating))
     models = initial_models(executor, data, config, algorithm.num_rows)
     folder = out if config.persistent_momentum else None
     momentum = MomentumStore(

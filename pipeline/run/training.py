@@ -84,6 +84,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
     """One round of Algorithm 1: updates `run.models`, returns the round's metrics."""
     config, data, comm, algorithm = run.config, run.data, run.comm, run.algorithm
     sampled = sample_clients(data.participating, config.participation, config.seed, round_)
+    sampled = algorithm.round_clients(round_, sampled, data.participating)
     sampled = comm.present(sampled)  # a client whose node is away sits the round out
     sizes = {c: data.clients[c].train_size for c in sampled}
     mine = [c for c in sampled if comm.owns(c)]
@@ -299,7 +300,7 @@ def divergence_hint(run: Run, round_: int) -> str:
     training wrote: edited or damaged)."""
     lr = run.executor.lr
     now = f"now {run.config.lr}" + (f"; this round {lr:.4g}" if lr != run.config.lr else "")
-    hint = f"lower --lr ({now})"
+    hint = run.algorithm.divergence_hint(now)  # the algorithm's step sizes (pFedMe: its own)
     if run.resumed_at and round_ == run.resumed_at + 1:
         hint += (
             f", unless checkpoint.pt (round {run.resumed_at}, which this run resumed from) "

@@ -150,8 +150,9 @@ def expected(algorithm: str) -> object:
     return pytest.param(algorithm, marks=marks)
 
 
-def test_flower_refuses_only_statistics_and_staged_training() -> None:
-    assert set(BUILT_IN) - set(ON_FLOWER) == {"pacfl", "flux", "fedccfa"}
+def test_flower_refuses_only_statistics_staged_training_and_rules() -> None:
+    refused = {"pacfl", "flux", "fedccfa", "apfl", "pfedme", "fedgwc", "floco"}
+    assert set(BUILT_IN) - set(ON_FLOWER) == refused
 
 
 @pytest.mark.parametrize("algorithm", [expected(a) for a in ON_FLOWER])

@@ -303,6 +303,39 @@ def test_a_staged_algorithm_is_refused_in_one_line(tiny_data: Path, tmp_path: Pa
     assert not (tmp_path / "run").exists()
 
 
+def test_step_losses_are_refused_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    """FedGWC's clients send each local step's loss, which a rule records (`StepLosses`)
+    and the train message does not carry."""
+    config = flower_config(tiny_data, "fedgwc", tmp_path / "run")
+    reason = r"sends the loss of each local step \(LocalTask\.rule\), which the Flower"
+    with pytest.raises(FedrcError, match=rf"^train\.algorithm: fedgwc {reason}[^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_simplex_draws_are_refused_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
+    """Floco's clients draw a point of the solution simplex for each batch (a rule), which
+    the train message does not carry."""
+    config = flower_config(tiny_data, "floco", tmp_path / "run")
+    reason = r"draws a point of its solution simplex for each batch \(LocalTask\.rule\)"
+    with pytest.raises(FedrcError, match=rf"^train\.algorithm: floco {reason}[^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["apfl", "pfedme"])
+def test_a_personal_rule_is_refused_in_one_line(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """APFL's and pFedMe's tasks carry a local rule that trains a personal model beside the
+    global one (`LocalTask.rule`), which the train message does not carry."""
+    config = flower_config(tiny_data, algorithm, tmp_path / "run")
+    reason = r"trains a personal model beside the global one \(LocalTask\.rule\), which the Flower"
+    with pytest.raises(FedrcError, match=rf"^train\.algorithm: {algorithm} {reason}[^\n]*$"):
+        serve(grid_for(tiny_data, config), config, FAST, False, False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_diverged_training_is_the_loops_line_naming_its_client(
     tiny_data: Path, tmp_path: Path
 ) -> None:
