@@ -100,8 +100,19 @@ def test_every_runs_marker_is_followed_by_a_shell_block() -> None:
     assert any(not slow for slow, _ in pages["docs/getting-started.md"])
 
 
+# Pages whose fast blocks take 15-25 s each (their data formats built and trained on): run with
+# `-m slow` to keep the default run short; test_every_shell_block_that_claims_to_run_does, also
+# slow, runs them too.
+LONG_PAGES = ("docs/streams.md", "docs/benchmarks.md", "docs/outputs.md")
+
+
 @pytest.mark.parametrize(
-    "page", [page for page, blocks in runnable_blocks().items() if any(not s for s, _ in blocks)]
+    "page",
+    [
+        pytest.param(page, marks=pytest.mark.slow) if page in LONG_PAGES else page
+        for page, blocks in runnable_blocks().items()
+        if any(not s for s, _ in blocks)
+    ],
 )
 def test_shell_blocks_that_claim_to_run_do(page: str, tmp_path: Path) -> None:
     """The fast blocks of a page, in order, in one empty folder."""

@@ -50,6 +50,7 @@ def tiny_params(seeds: list[int]) -> str:
     return yaml.safe_dump(params, sort_keys=False)
 
 
+@pytest.mark.slow  # 35 s; kept and resumed runs: test_sweep.py; DVC staging: test_dvc_pipeline
 def test_a_sweep_stage_keeps_its_runs_and_trains_only_new_points(tmp_path: Path) -> None:
     target = tmp_path / HERE
     target.mkdir(parents=True)

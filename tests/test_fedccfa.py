@@ -276,6 +276,7 @@ def swapped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow  # 20-40 s; FedCCFA's numbers: its golden curve
 def test_swapped_labels_get_their_own_classifier_rows(swapped: Path, tmp_path: Path) -> None:
     """4 rounds a step, every client each round. eps 0.3, not the authors' 0.1: after 4 rounds
     on 200 synthetic samples the balanced classifiers are noisier than after the authors' 100
