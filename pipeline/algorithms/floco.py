@@ -27,11 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.algorithms import described
-from pipeline.algorithms.base import Algorithm
-from pipeline.algorithms.client import Rows
+from pipeline.algorithms.personal import OneModelByRule
 from pipeline.algorithms.settings import FlocoSettings
 from pipeline.common.errors import FedrcError
-from pipeline.common.settings import Settings
 from pipeline.engine.rows import RowStore
 from pipeline.engine.rules import LocalRule, Net
 from pipeline.engine.task import LocalResult, LocalTask
@@ -150,19 +148,13 @@ class FlocoRule(LocalRule):
 
 
 @described("floco")
-class Floco(Algorithm):
+class Floco(OneModelByRule):
     """State: each client's region centre β_i and whether it has one (`placed`), the latest
     global model (for the personal predictors) and the rounds done."""
 
     settings: FlocoSettings
-    personal_models = True
-    needs_sequential = own_training = True
     local_training = "draws a point of its solution simplex for each batch (LocalTask.rule)"
     state_attributes: ClassVar[tuple[str, ...]] = ("centres", "placed", "current", "rounds_done")
-
-    @classmethod
-    def count_models(cls, clusters: int, settings: Settings) -> int:
-        return 1
 
     @classmethod
     def adapt_model(cls, model: nn.Module, settings: FlocoSettings) -> nn.Module:
@@ -189,23 +181,12 @@ class Floco(Algorithm):
     def round_clients(self, round_: int, sampled: list[int], participating: list[int]):
         return list(participating) if round_ == self.settings.tau else sampled
 
-    def assign(self, client: int, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """No E-step: one model, every sample on it."""
-        return torch.ones_like(losses)
-
-    def reads(self, client: int) -> Rows:
-        """None: no E-step, and the local training reads no logits."""
-        return ()
-
-    def local_tasks(
-        self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
-    ) -> list[LocalTask]:
+    def rule(self, client: int, models: torch.Tensor) -> FlocoRule:
+        """A point of the whole simplex for each batch, or of the client's region once placed."""
         s = self.settings
         centre = self.centres[client] if bool(self.placed[client]) else None
         seed = np.random.SeedSequence([self.config.seed, self.rounds_done + 1, client])
-        rule = FlocoRule(centre, s.rho, int(seed.generate_state(1)[0]), s.endpoints)
-        n = float(gamma.shape[0])
-        return [LocalTask(0, models[0], gamma[:, 0], weight=n, rule=rule)]
+        return FlocoRule(centre, s.rho, int(seed.generate_state(1)[0]), s.endpoints)
 
     @property
     def endpoint_span(self) -> slice:

@@ -29,25 +29,16 @@ from pipeline.engine.rules import LocalRule
 from pipeline.engine.task import LocalResult, LocalTask
 
 
-class PersonalModels(Algorithm):
-    """A method with a personal model per client beside one global model (module docstring);
-    a subclass gives its `rule` and, if it keeps more than the model per client, `row` and
-    `keep`."""
+class OneModelByRule(Algorithm):
+    """One model, no E-step, and a local training of the method's own: a sampled client trains
+    one task from the model, which hands its batches to `rule` (APFL, pFedMe, Floco)."""
 
     personal_models = True
     needs_sequential = own_training = True
-    local_training = "trains a personal model beside the global one (LocalTask.rule)"
-    state_attributes: ClassVar[tuple[str, ...]] = ("personal",)
-    row_extra: ClassVar[int] = 0  # numbers per client in a shared row after the model (`row`)
 
     @classmethod
     def count_models(cls, clusters: int, settings: Settings) -> int:
         return 1
-
-    def init_state(self) -> None:
-        super().init_state()
-        self.personal: dict[int, torch.Tensor] = {}  # client → its personal model (P,)
-        self._rows: RowStore | None = None
 
     @abstractmethod
     def rule(self, client: int, models: torch.Tensor) -> LocalRule:
@@ -66,6 +57,21 @@ class PersonalModels(Algorithm):
     ) -> list[LocalTask]:
         n = float(gamma.shape[0])
         return [LocalTask(0, models[0], gamma[:, 0], weight=n, rule=self.rule(client, models))]
+
+
+class PersonalModels(OneModelByRule):
+    """A method with a personal model per client beside one global model (module docstring);
+    a subclass gives its `rule` and, if it keeps more than the model per client, `row` and
+    `keep`."""
+
+    local_training = "trains a personal model beside the global one (LocalTask.rule)"
+    state_attributes: ClassVar[tuple[str, ...]] = ("personal",)
+    row_extra: ClassVar[int] = 0  # numbers per client in a shared row after the model (`row`)
+
+    def init_state(self) -> None:
+        super().init_state()
+        self.personal: dict[int, torch.Tensor] = {}  # client → its personal model (P,)
+        self._rows: RowStore | None = None
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
