@@ -107,8 +107,27 @@ def keep_run(run: Path, results: Path) -> None:
     os.replace(partial, target)
 
 
+# What makes two partitions the same benchmark. The shards' bytes, and so `files` and
+# `content_hash`, change with pyarrow's version, and `config` gains fields as fedrc does.
+BENCHMARK_FIELDS = (
+    "dataset", "image_shape", "num_classes", "concepts", "num_participating", "time_steps",
+    "clients", "client_mix", "seed",
+)  # fmt: skip
+
+
+def same_benchmark(kept: Path, made: Path) -> bool:
+    """Whether the manifest `made` now describes the benchmark `kept` records: the same
+    clients with the same concepts, styles and label histograms, from the same seed."""
+    old, new = (json.loads(p.read_text(encoding="utf-8")) for p in (kept, made))
+    return all(old.get(key) == new.get(key) for key in BENCHMARK_FIELDS)
+
+
 def keep_manifest(data: Path, results: Path) -> None:
+    """The benchmark's manifest in the results, unless one is kept there already: the runs
+    kept were trained on that one's files."""
     target = results / "data" / "federated" / "manifest.json"
+    if target.is_file():
+        return
     with atomic_file(target) as tmp:
         shutil.copyfile(data / "manifest.json", tmp)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from pipeline.common.errors import FedrcWarning
 
@@ -50,9 +51,14 @@ class CompiledStep:
                 return self.eager(*args)
             self.keys.add(key)
         with torch._dynamo.config.patch(**_dynamo_settings()):
-            if self.cuda:  # the last step's outputs, this step's inputs, may be overwritten
-                torch.compiler.cudagraph_mark_step_begin()
-            return self.compiled(*args)
+            if not self.cuda:
+                return self.compiled(*args)
+            torch.compiler.cudagraph_mark_step_begin()
+            # The outputs live in the CUDA graph's memory, which its next replay overwrites;
+            # the next step reads them (parameters, buffers, momentum, loss sums), so they
+            # leave the graph as copies (an H200 found this: "accessing tensor output of
+            # CUDAGraphs that has been overwritten by a subsequent run").
+            return tree_map_only(torch.Tensor, torch.clone, self.compiled(*args))
 
     def _warn_once(self) -> None:
         if not self.warned:
