@@ -328,3 +328,33 @@ def test_the_gpu_results_of_the_first_plan_go_on_under_the_lr_grid(capsys) -> No
     first_plan = [m for n in read_state(results).done if (m := re.fullmatch(r"(\w+)-s(\d)", n))]
     assert first_plan  # the six seed-0 runs of the first plan
     assert not {f"{a}-lr0.1-s{s}" for a, s in (m.groups() for m in first_plan)} & set(listed)
+
+
+def test_the_same_benchmark_is_its_clients_not_the_manifests_bytes(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A fresh machine's partition is the kept benchmark when its clients, concepts and seed
+    are (shard hashes follow pyarrow's version, `config` gains fields); another benchmark is
+    refused, and the kept manifest stays as the runs were trained on it."""
+    from benchmarks.gpu_results import keep_manifest, same_benchmark
+
+    kept = json.loads((tiny_data / "manifest.json").read_text())
+    made = tmp_path / "made"
+    made.mkdir()
+    newer = {**kept, "content_hash": "0" * 64, "config": {**kept["config"], "new_key": None}}
+    (made / "manifest.json").write_text(json.dumps(newer))
+    assert same_benchmark(tiny_data / "manifest.json", made / "manifest.json")
+
+    other = json.loads(json.dumps(kept))
+    other["clients"][0]["label_histogram"][0] += 1
+    (made / "manifest.json").write_text(json.dumps(other))
+    assert not same_benchmark(tiny_data / "manifest.json", made / "manifest.json")
+    (made / "manifest.json").write_text(json.dumps({**kept, "seed": kept["seed"] + 1}))
+    assert not same_benchmark(tiny_data / "manifest.json", made / "manifest.json")
+
+    results = tmp_path / "results"
+    keep_manifest(tiny_data, results)
+    first = (results / "data" / "federated" / "manifest.json").read_bytes()
+    assert first == (tiny_data / "manifest.json").read_bytes()
+    keep_manifest(made, results)  # a later partition leaves the kept one
+    assert (results / "data" / "federated" / "manifest.json").read_bytes() == first
