@@ -51,7 +51,7 @@ def drifting(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fedrc_run(drifting: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "fedrc"
-    with torch_threads(2):
+    with torch_threads(1):
         return train_stage(
             make_config(data=str(drifting), algorithm="fedrc", out=str(out), **TRAIN)
         )
@@ -291,7 +291,7 @@ def test_rounds_are_dealt_to_steps() -> None:
 
 def test_resume_mid_step_equals_the_uninterrupted_run(drifting: Path, tmp_path: Path) -> None:
     values = dict(data=str(drifting), algorithm="fedem", **{**TRAIN, "rounds": 6})
-    with torch_threads(2):
+    with torch_threads(1):
         whole = train_stage(make_config(**values, rounds_per_step=2, out=str(tmp_path / "a")))
         half = tmp_path / "b"
         train_stage(make_config(**{**values, "rounds": 3}, rounds_per_step=2, out=str(half)))
