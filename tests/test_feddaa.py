@@ -44,8 +44,9 @@ def test_prototype_stays_under_label_drift_and_moves_under_real_drift() -> None:
     """The same images: fewer of class 0 (P(y) changes) leave the prototype as it was; the
     labels swapped (P(y|x) changes) swap its rows."""
     gen = torch.Generator().manual_seed(0)
-    logits = torch.cat([torch.randn(40, 2, generator=gen) * 0.01 + torch.tensor([3.0, -3.0]),
-                        torch.randn(40, 2, generator=gen) * 0.01 - torch.tensor([3.0, -3.0])])
+    centre = torch.tensor([3.0, -3.0])
+    noise = torch.randn(80, 2, generator=gen) * 0.01
+    logits = torch.cat([noise[:40] + centre, noise[40:] - centre])
     labels = torch.cat([torch.zeros(40), torch.ones(40)]).long()
     before = prototype(logits, labels, 2)
     fewer = prototype(logits[30:], labels[30:], 2)  # 10 of class 0, 40 of class 1
