@@ -1,4 +1,4 @@
-"""FedDAA (docs/protocol.md §16): the data prototype, the silhouette and the cluster count, the
+"""FedDAA (docs/protocol.md §17): the data prototype, the silhouette and the cluster count, the
 real-drift check and the rows each cluster takes, on hand-checked cases (the silhouette against
 scikit-learn where it is installed); the round loop's prototypes at a step's end and the next
 step's start; and on a drifting benchmark what it does that its neighbours do not: it names the

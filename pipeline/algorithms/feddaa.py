@@ -23,7 +23,7 @@ real drift joins the cluster of the clients that now hold its concept, or a new 
 Between clusterings each cluster trains its model by FedAvg, ω one-hot on it; before the first
 one every client is in row 0 (FedAvg). K (`--clusters`) caps the clusters.
 
-protocol §16 lists where fedrc departs from the authors' code; the largest: a client without
+protocol §17 lists where fedrc departs from the authors' code; the largest: a client without
 real drift trains on its current step's data only (the authors' add its previous step's).
 """
 
