@@ -20,7 +20,8 @@ from pipeline.algorithms.feddaa import centre_rows, nearest, prototype, real_dri
 from pipeline.common.errors import FedrcError
 from pipeline.config import PartitionConfig
 from pipeline.data.shards import load_federated
-from pipeline.engine import LocalResult
+from pipeline.engine import LocalResult, LocalTask
+from pipeline.run.clients import training_rows, with_retained
 from pipeline.run.files import MODEL, load_state
 from pipeline.run.resolve import make_config
 from pipeline.stages import partition_stage, train_stage
@@ -198,15 +199,19 @@ def test_a_step_end_a_clustering_and_a_client_that_drifted_for_real() -> None:
     models = play(algo, models, step1, trained)
     assert algo.cluster.tolist() == [0, 0, 0, 0, 1, 1] and algo.in_use.tolist() == [1, 1, 0]
     assert algo.drifted.tolist() == [False, False, False, False, True, True]
+    assert algo.retain.tolist() == [True, True, True, True, False, False]
     assert models.tolist() == [[3.0], [5.0], [0.0]]  # row 1 started from row 0's [2.0]
     assert algo.omega[5].tolist() == [0.0, 1.0, 0.0]
     models = play(algo, models, step1, everyone)  # the step's last round: P^1
     torch.testing.assert_close(algo.last[4], step1[4])
 
-    algo.begin_step(2)
     step2 = {**step1, 1: proto(A, 0.2), 4: proto(A, 0.04)}
+    algo.retain[:] = True  # the previous step's flags end with it
+    algo.begin_step(2)
+    assert not algo.retain.any()
     play(algo, models, step2, everyone)
     assert algo.drifted.tolist() == [False, False, False, False, True, False]
+    assert algo.retain.tolist() == [True, True, True, True, False, True]
     assert algo.cluster.tolist() == [0, 0, 0, 0, 0, 1]
 
 
@@ -234,25 +239,55 @@ def test_flower_refuses_feddaa_in_one_line() -> None:
 
 
 # --- behaviour on a drifting benchmark --------------------------------------------------------
-def test_only_the_clients_whose_concept_changed_are_flagged_and_move(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def drifting(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Concepts identity and reverse (the same images, other labels: P(y|x) changes), a quarter
-    of the clients flipping at steps 1 and 2, 5 rounds a step. At step 2 FedDAA flags exactly
-    the clients whose concept changed (no other method names them), and its clusters are that
-    step's concepts. Membership only: one thread is enough."""
-    out = tmp_path / "data"
+    of the clients flipping at steps 1 and 2."""
+    out = tmp_path_factory.mktemp("feddaa") / "data"
     config = PartitionConfig(**DRIFTING, out=str(out))
     config.validate()
     partition_stage(config)
+    return out
+
+
+def test_a_retaining_client_trains_on_its_previous_steps_rows_too(drifting: Path) -> None:
+    """The round loop's side of CDA: at step 2 a retaining client's local trainings take its
+    step-2 training rows, then its step-1 ones, each of those with sample weight 1, and the
+    task's weight grows by their count; a client that does not retain takes step 2's alone."""
+    data = load_federated(drifting).at_step(2)
+    algo = make(clients=len(data.clients), k=2)
+    algo.retain[0] = True
+    now, before = data.train_slices[0], data.previous_train(0)
+    assert before != now and before.stop > before.start
+    images, labels, added = training_rows(data, algo, 0)
+    assert added == before.stop - before.start
+    assert torch.equal(images, torch.cat([data.images[now], data.images[before]]))
+    assert torch.equal(labels, torch.cat([data.labels[now], data.labels[before]]))
+    task = with_retained(LocalTask(0, torch.zeros(1), torch.full((3,), 0.5), weight=3.0), 2)
+    assert task.weights.tolist() == [0.5, 0.5, 0.5, 1.0, 1.0] and task.weight == 5.0
+    images, _, added = training_rows(data, algo, 1)
+    assert added == 0 and torch.equal(images, data.images[data.train_slices[1]])
+    assert data.at_step(0).previous_train(0) == slice(0, 0)
+
+
+def test_only_the_clients_whose_concept_changed_are_flagged_and_move(
+    drifting: Path, tmp_path: Path
+) -> None:
+    """5 rounds a step. At step 2 FedDAA flags exactly the clients whose concept changed (no
+    other method names them): they move and leave their old data, the others keep their
+    cluster and train on their data of steps 1 and 2. Its clusters are that step's concepts.
+    Membership only: one thread is enough."""
     with torch_threads(1):
         run = train_stage(
-            make_config(data=str(out), algorithm="feddaa", out=str(tmp_path / "run"), **TRAIN)
+            make_config(data=str(drifting), algorithm="feddaa", out=str(tmp_path), **TRAIN)
         )
     state = load_state(run / MODEL)["algorithm"]
-    schedule = np.asarray(load_federated(out).benchmark.schedule)
+    schedule = np.asarray(load_federated(drifting).benchmark.schedule)
     taking = schedule.shape[1]
     moved = schedule[2] != schedule[1]
     assert moved.any() and not moved.all()
     assert state["drifted"][:taking].tolist() == moved.tolist()
+    assert state["retain"][:taking].tolist() == (~moved).tolist()
     cluster = state["cluster"][:taking].tolist()
     assert all((cluster[i] == cluster[j]) == (schedule[2][i] == schedule[2][j])
                for i in range(taking) for j in range(taking))  # fmt: skip

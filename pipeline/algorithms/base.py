@@ -409,6 +409,14 @@ class Algorithm(ABC):
         """Default (FedEM, FedRC): every model k trains with weights γ_{:,k}, counting N_i."""
         return soft_tasks(gamma, models)
 
+    def retains(self, client: int) -> bool:
+        """Whether client's local trainings this round also take its training rows of the
+        previous time step (FedDAA's adaptation to a drift that is not real): they follow the
+        current step's rows with sample weight 1 in each task, whose `weight` grows by their
+        count. Asked on every place after the round's E-steps, in one process and under
+        torchrun. Default: no."""
+        return False
+
     def local_lr(self, lr: float) -> float:
         """The learning rate of this round's local trainings, given the schedule's
         (`train.lr_schedule`); called on every place after `begin_round`. Default: the

@@ -18,13 +18,15 @@ P_i^{t−1}, of its data then. The server:
         drift hold, unless a larger centre took it (then their next most held row); a centre
         left without takes a free row, which starts from the model of the row most of its
         members held. Every client joins the row of its nearest centre.
-So a client with only virtual or label drift stays in its cluster and keeps its model; one with
-real drift joins the cluster of the clients that now hold its concept, or a new cluster.
-Between clusterings each cluster trains its model by FedAvg, ω one-hot on it; before the first
-one every client is in row 0 (FedAvg). K (`--clusters`) caps the clusters.
-
-protocol §17 lists where fedrc departs from the authors' code; the largest: a client without
-real drift trains on its current step's data only (the authors' add its previous step's).
+  CDA   until the step ends, a client without real drift trains on its data of steps t − 1
+        and t (`retains`: the round loop appends its previous step's training rows, each with
+        sample weight 1, and counts them in its weight); one with real drift on step t's alone.
+So a client with only virtual or label drift stays in its cluster, keeps its model and the
+knowledge of its old data; one with real drift joins the cluster of the clients that now hold
+its concept, or a new cluster, and leaves its old data behind. Between clusterings each
+cluster trains its model by FedAvg, ω one-hot on it; before the first one every client is in
+row 0 (FedAvg). K (`--clusters`) caps the clusters. protocol §17 lists where fedrc departs from
+the authors' code.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class FedDAA(HardClustering):
     settings: FedDAASettings
     describes = True  # in the last round of a step and the first of the next
     state_attributes: ClassVar[tuple[str, ...]] = (
-        "cluster", "in_use", "last", "has_last", "drifted", "rounds_done",
+        "cluster", "in_use", "last", "has_last", "drifted", "retain", "rounds_done",
     )  # fmt: skip
 
     def init_state(self) -> None:
@@ -110,6 +112,7 @@ class FedDAA(HardClustering):
         self.last = torch.zeros(n, self.num_classes**2, dtype=torch.float64)  # P_i^{t−1}
         self.has_last = torch.zeros(n, dtype=torch.bool)
         self.drifted = torch.zeros(n, dtype=torch.bool)
+        self.retain = torch.zeros(n, dtype=torch.bool)  # trains on its previous step's data too
         self.rounds_done = 0
         self.taking = torch.ones(n, dtype=torch.bool)  # `participants`
         self._due = False  # this round clusters
@@ -122,7 +125,9 @@ class FedDAA(HardClustering):
         self.taking[clients] = True
 
     def begin_step(self, step: int) -> None:
+        """A new step: its first round clusters, and no client retains before that."""
         self._due = self._due or step >= 1
+        self.retain.zero_()
 
     def begin_round(self, models: torch.Tensor) -> None:
         super().begin_round(models)
@@ -188,6 +193,8 @@ class FedDAA(HardClustering):
             self.omega[c] = one_hot(row[g], self.num_models)
         self.drifted.zero_()
         self.drifted[clients] = torch.from_numpy(drifted)
+        self.retain.zero_()
+        self.retain[clients] = torch.from_numpy(known & ~drifted)
         self.last[clients] = now
         self.has_last[clients] = True
 
@@ -198,6 +205,11 @@ class FedDAA(HardClustering):
         return lowest_loss(losses, self.num_models, self.in_use.nonzero().flatten().tolist())
 
     # --- training and aggregation ---------------------------------------------------------
+    def retains(self, client: int) -> bool:
+        """CDA: a client without real drift at its step's clustering also trains on its data
+        of the previous step, for the rest of the step."""
+        return bool(self.retain[client])
+
     def local_tasks(
         self, client: int, gamma: torch.Tensor, models: torch.Tensor, raw: torch.Tensor
     ) -> list[LocalTask]:

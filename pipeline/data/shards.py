@@ -212,6 +212,13 @@ class FederatedData:
         """The manifest with every step's records (the view's `manifest` has one step's)."""
         return self.full_manifest or self.manifest
 
+    def previous_train(self, client: int) -> slice:
+        """Client's training rows at the step before this view's (empty at the first step and
+        on a static benchmark)."""
+        if self.steps is None or self.step == 0:
+            return slice(0, 0)
+        return self.steps[self.step - 1][0][client]
+
     def at_step(self, step: int) -> FederatedData:
         """The data as client i holds it at `step` (itself for a static benchmark)."""
         if self.steps is None or step == self.step:
