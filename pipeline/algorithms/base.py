@@ -37,7 +37,9 @@ E-step, in one of two ways:
   model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
   `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings, at the
                                      round's learning rate (`local_lr`, every place, once a
-                                     round: the schedule's, or the algorithm's own)
+                                     round: the schedule's, or the algorithm's own), on
+                                     its training rows and, where `retains(i)` (FedDAA), its
+                                     previous step's
   `reads(i)` (`step.reads(K)` with a client part)  before the E-step: the model rows whose
                                      logits the E-step and `local_tasks` read on client i's
                                      samples; only those are computed, the others are NaN
