@@ -260,7 +260,7 @@ def test_a_retaining_client_trains_on_its_previous_steps_rows_too(drifting: Path
     now, before = data.train_slices[0], data.previous_train(0)
     assert before != now and before.stop > before.start
     images, labels, added = training_rows(data, algo, 0)
-    assert added == before.stop - before.start
+    assert added == before.stop - before.start == data.previous_train_size(0)
     assert torch.equal(images, torch.cat([data.images[now], data.images[before]]))
     assert torch.equal(labels, torch.cat([data.labels[now], data.labels[before]]))
     task = with_retained(LocalTask(0, torch.zeros(1), torch.full((3,), 0.5), weight=3.0), 2)
@@ -268,6 +268,7 @@ def test_a_retaining_client_trains_on_its_previous_steps_rows_too(drifting: Path
     images, _, added = training_rows(data, algo, 1)
     assert added == 0 and torch.equal(images, data.images[data.train_slices[1]])
     assert data.at_step(0).previous_train(0) == slice(0, 0)
+    assert data.at_step(0).previous_train_size(0) == 0
 
 
 def test_only_the_clients_whose_concept_changed_are_flagged_and_move(
@@ -291,3 +292,17 @@ def test_only_the_clients_whose_concept_changed_are_flagged_and_move(
     cluster = state["cluster"][:taking].tolist()
     assert all((cluster[i] == cluster[j]) == (schedule[2][i] == schedule[2][j])
                for i in range(taking) for j in range(taking))  # fmt: skip
+
+
+def test_torchrun_equals_one_process_over_steps(drifting: Path, tmp_path: Path) -> None:
+    """The prototypes of every participating client gathered from both ranks, the clustering
+    at each new step and the retained rows, half the clients a round: the same run (the static
+    case is in test_distributed's CASES)."""
+    from test_distributed import BASE, assert_same_run, single, torchrun
+
+    values = {**BASE, "algorithm": "feddaa", "rounds": 6, "local_epochs": 1, "eval_every": 2}
+    expected = single(drifting, tmp_path / "single", values)
+    torchrun(tmp_path, drifting, tmp_path / "two", values)
+    assert_same_run(expected, tmp_path / "two", exact=False)
+    state = load_state(expected / MODEL)["algorithm"]
+    assert state["retain"].any() and int(state["in_use"].sum()) == 2

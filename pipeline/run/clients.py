@@ -30,18 +30,14 @@ from pipeline.evaluation.accuracy import score_round, summarize
 from pipeline.places.communicate import Communicator
 
 
-def retained(data: FederatedData, algorithm: Algorithm, client: int) -> slice:
-    """Client's training rows of the previous step that its local trainings also take
-    (`Algorithm.retains`; else none)."""
-    return data.previous_train(client) if algorithm.retains(client) else slice(0, 0)
-
-
 def training_rows(
     data: FederatedData, algorithm: Algorithm, client: int
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The images and labels client's local trainings take: its training rows, then the
-    previous step's it retains; and how many of those were added."""
-    rows, before = data.train_slices[client], retained(data, algorithm, client)
+    """The images and labels client's local trainings take: its training rows, then its
+    previous step's where the algorithm retains them (`Algorithm.retains`); and how many of
+    those were added."""
+    rows = data.train_slices[client]
+    before = data.previous_train(client) if algorithm.retains(client) else slice(0, 0)
     if before.stop == before.start:
         return data.images[rows], data.labels[rows], 0
     spans = [torch.arange(s.start, s.stop) for s in (rows, before)]

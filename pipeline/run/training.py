@@ -45,7 +45,6 @@ from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_ru
 from pipeline.run.clients import (
     ClientWork,
     LocalClients,
-    retained,
     train_logits,
     training_rows,
     with_retained,
@@ -129,7 +128,7 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
         comm.share(shared)
     run.models = algorithm.aggregate(run.models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
     algorithm.end_round()
-    kept = sum(s.stop - s.start for s in (retained(data, algorithm, c) for c in sampled))
+    kept = sum(data.previous_train_size(c) for c in sampled if algorithm.retains(c))
     seen = (sum(sizes.values()) + kept) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
     row.update(Traffic.row(traffic))
