@@ -94,7 +94,8 @@ def centre_rows(
 @described("feddaa")
 class FedDAA(HardClustering):
     """State: each client's row, the rows in use, each client's prototype of its previous step,
-    and which clients drifted for real at the latest clustering."""
+    which clients drifted for real at the latest clustering and which retain their previous
+    step's data."""
 
     settings: FedDAASettings
     describes = True  # in the last round of a step and the first of the next
