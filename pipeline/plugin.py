@@ -42,6 +42,7 @@ from pipeline.algorithms.client import (
 )
 from pipeline.algorithms.fedavg import FedAvg, FedAvgStep
 from pipeline.algorithms.fedccfa import FedCCFA
+from pipeline.algorithms.feddaa import FedDAA
 from pipeline.algorithms.feddrift import FedDrift, FedDriftEager, FedDriftStep
 from pipeline.algorithms.fedem import FedEM, FedEMStep
 from pipeline.algorithms.fedgwc import FedGWC, FedGWCStep
@@ -102,6 +103,7 @@ __all__ = [
     "FedAvg",
     "FedAvgStep",
     "FedCCFA",
+    "FedDAA",
     "FedDrift",
     "FedDriftEager",
     "FedDriftStep",

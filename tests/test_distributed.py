@@ -46,6 +46,7 @@ CASES = {
     "apfl": {"apfl": {"adaptive": True}},
     "pfedme": {"pfedme": {"personal_lr": 0.02}},
     "fedgwc": {"fedgwc": {"eps": 10.0}},  # step losses summed over ranks; a split in round 2
+    "feddaa": {"feddaa": {"cluster_round": 2}},  # every client's prototype, from both ranks
     "floco": {"floco": {"endpoints": 3, "tau": 2}},  # every rank's pseudo-gradients projected
     # issue 43's optimizers: the rate each place computes, the server's moments, early stops
     "adaptive-fedavg": {},  # the round's lr from the server state, the same on both ranks

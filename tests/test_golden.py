@@ -41,6 +41,7 @@ EXTRA = {
     "apfl": {"adaptive": True},  # α_i learnt (the authors' default keeps it at 0.5)
     "pfedme": {"personal_lr": 0.02},  # the authors' 0.09 diverges on this CNN (protocol §14)
     "fedgwc": {"eps": 10.0},  # W counts as settled at once: the cluster splits in round 2
+    "feddaa": {"cluster_round": 2},  # the clients' prototypes clustered in round 2
     "floco": {"endpoints": 3, "tau": 2},  # every client projected in round 2
 }
 

@@ -129,6 +129,14 @@ BUILT_IN: dict[str, AlgorithmCard] = {
             own.FedGWCSettings,
             "fedgwc:FedGWC",
         ),
+        # dynamic clustering that tells real drift apart from P(x) and P(y) drift (2025)
+        AlgorithmCard(
+            "feddaa",
+            "FedDAA",
+            "Peng & Tang, arXiv:2506.21054, 2025",
+            own.FedDAASettings,
+            "feddaa:FedDAA",
+        ),
         # regions of a shared solution simplex (NeurIPS 2024)
         AlgorithmCard(
             "floco",

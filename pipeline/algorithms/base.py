@@ -37,7 +37,9 @@ E-step, in one of two ways:
   model, (N_i, K), for a rule that needs correctness, e.g. the most accurate model)
   `local_tasks(i, gamma, models, raw)`  on client i's place: its local trainings, at the
                                      round's learning rate (`local_lr`, every place, once a
-                                     round: the schedule's, or the algorithm's own)
+                                     round: the schedule's, or the algorithm's own), on
+                                     its training rows and, where `retains(i)` (FedDAA), its
+                                     previous step's
   `reads(i)` (`step.reads(K)` with a client part)  before the E-step: the model rows whose
                                      logits the E-step and `local_tasks` read on client i's
                                      samples; only those are computed, the others are NaN
@@ -408,6 +410,14 @@ class Algorithm(ABC):
     ) -> list[LocalTask]:
         """Default (FedEM, FedRC): every model k trains with weights γ_{:,k}, counting N_i."""
         return soft_tasks(gamma, models)
+
+    def retains(self, client: int) -> bool:
+        """Whether client's local trainings this round also take its training rows of the
+        previous time step (FedDAA's adaptation to a drift that is not real): they follow the
+        current step's rows with sample weight 1 in each task, whose `weight` grows by their
+        count. Asked on every place after the round's E-steps, in one process and under
+        torchrun. Default: no."""
+        return False
 
     def local_lr(self, lr: float) -> float:
         """The learning rate of this round's local trainings, given the schedule's

@@ -51,6 +51,7 @@ from pipeline.algorithms.base import HardClustering, hard_gamma, lowest_loss, on
 from pipeline.algorithms.client import Rows
 from pipeline.algorithms.settings import FLUXSettings
 from pipeline.common.errors import FedrcError
+from pipeline.config import TrainConfig
 from pipeline.engine.sequential import INFERENCE_CHUNK, as_input
 from pipeline.engine.task import LocalResult, LocalTask
 from pipeline.models import build_model
@@ -91,6 +92,19 @@ def descriptor(
         parts += [q.mean(0) if len(q) > 1 else missing for q in by_class]
         parts += [q.std(0, correction=0) if len(q) > 1 else missing for q in by_class]
     return torch.cat(parts).cpu()
+
+
+def scratch_net(
+    nets: dict[tuple, nn.Module], images: torch.Tensor, classes: int, config: TrainConfig
+) -> nn.Module:
+    """The run's model for images of this shape on their device, built once into `nets` (its
+    parameters are loaded with `load_flat` before each use)."""
+    shape = (images.shape[2], images.shape[3], images.shape[1], str(images.device))
+    if shape not in nets:
+        with torch.random.fork_rng(devices=[]):  # the global generator is left as it was
+            net = build_model(shape[:3], classes, config.model, config.model_settings)
+        nets[shape] = net.to(images.device)
+    return nets[shape]
 
 
 def load_flat(net: nn.Module, flat: torch.Tensor) -> None:
@@ -250,17 +264,8 @@ class FLUX(HardClustering):
             return [c for c in sampled if self.cluster[c] < 0]
         return list(sampled)
 
-    def _net(self, images: torch.Tensor) -> nn.Module:
-        shape = (images.shape[2], images.shape[3], images.shape[1], str(images.device))
-        if shape not in self._nets:
-            with torch.random.fork_rng(devices=[]):  # the global generator is left as it was
-                net = build_model(shape[:3], self.num_classes, self.config.model,
-                                  self.config.model_settings)  # fmt: skip
-            self._nets[shape] = net.to(images.device)
-        return self._nets[shape]
-
     def _latents(self, flat: torch.Tensor, images: torch.Tensor):
-        net = self._net(images)
+        net = scratch_net(self._nets, images, self.num_classes, self.config)
         load_flat(net, flat.to(images.device))
         return latents(net, images)
 

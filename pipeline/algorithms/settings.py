@@ -430,6 +430,29 @@ class FedGWCSettings(Settings):
         require(size >= 0, "loss_sampling_size", "an integer >= 0", size)
 
 
+# --- FedDAA ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FedDAASettings(Settings):
+    """The authors' defaults (LeegerPENG/FedDAA, FedDAA_*.py: k from 2 to 9, scikit-learn 1.5's
+    `KMeans(random_state=0)`, one k-means++ start)."""
+
+    max_clusters: int = setting(9, "the most clusters the silhouette may choose (from 2)")
+    kmeans_starts: int = setting(1, "k-means++ starts for each count (the least inertia wins)")
+    cluster_round: int | None = setting(
+        None, "also cluster the clients at this round (null: only at each new time step)"
+    )
+
+    def validate(self) -> None:
+        most = self.max_clusters
+        require(most >= 2, "max_clusters", "an integer >= 2", most)
+        starts = self.kmeans_starts
+        require(starts >= 1, "kmeans_starts", "an integer >= 1", starts)
+        cr = self.cluster_round
+        require(cr is None or cr >= 2, "cluster_round", "an integer >= 2 or null", cr)
+
+
 # --- Floco -------------------------------------------------------------------------------------
 
 

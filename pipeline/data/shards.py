@@ -212,6 +212,20 @@ class FederatedData:
         """The manifest with every step's records (the view's `manifest` has one step's)."""
         return self.full_manifest or self.manifest
 
+    def previous_train(self, client: int) -> slice:
+        """Client's training rows at the step before this view's (empty at the first step, on
+        a static benchmark, and where its rows are not loaded)."""
+        if self.steps is None or self.step == 0:
+            return slice(0, 0)
+        return self.steps[self.step - 1][0][client]
+
+    def previous_train_size(self, client: int) -> int:
+        """How many training rows client held at the step before this view's, from the
+        manifest (so on every place, its rows loaded or not; 0 at the first step)."""
+        if self.step == 0:
+            return 0
+        return self.benchmark.clients[client].at_step(self.step - 1).train_size
+
     def at_step(self, step: int) -> FederatedData:
         """The data as client i holds it at `step` (itself for a static benchmark)."""
         if self.steps is None or step == self.step:

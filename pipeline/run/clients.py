@@ -30,6 +30,33 @@ from pipeline.evaluation.accuracy import score_round, summarize
 from pipeline.places.communicate import Communicator
 
 
+def training_rows(
+    data: FederatedData, algorithm: Algorithm, client: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The images and labels client's local trainings take: its training rows, then its
+    previous step's where the algorithm retains them (`Algorithm.retains`); and how many of
+    those were added."""
+    rows = data.train_slices[client]
+    before = data.previous_train(client) if algorithm.retains(client) else slice(0, 0)
+    if before.stop == before.start:
+        return data.images[rows], data.labels[rows], 0
+    spans = [torch.arange(s.start, s.stop) for s in (rows, before)]
+    index = torch.cat(spans).to(data.labels.device)
+    return data.images[index], data.labels[index], before.stop - before.start
+
+
+def with_retained(task: LocalTask, added: int) -> LocalTask:
+    """`task` over `added` retained rows more: each with sample weight 1, the task's weight
+    grown by their count."""
+    if added == 0:
+        return task
+    if task.offset is not None:
+        raise ValueError("a task with per-sample logit offsets cannot take retained rows")
+    task.weights = torch.cat([task.weights, task.weights.new_ones(added)])
+    task.weight += added
+    return task
+
+
 @dataclass
 class ClientWork:
     """A round's client parts on one place: what they need and where their outcomes go."""

@@ -42,7 +42,13 @@ from pipeline.places import distributed
 from pipeline.places.communicate import Communicator
 from pipeline.run import files as rf
 from pipeline.run.checkpoints import Checkpoints, checkpoint_interval, resume_run
-from pipeline.run.clients import ClientWork, LocalClients, train_logits
+from pipeline.run.clients import (
+    ClientWork,
+    LocalClients,
+    train_logits,
+    training_rows,
+    with_retained,
+)
 from pipeline.run.folder import clear_run, open_run_dir
 from pipeline.run.log import RunLog
 from pipeline.run.schedule import scheduled_lr
@@ -122,7 +128,8 @@ def train_round(round_: int, run: Run, cached_logits: torch.Tensor | None) -> di
         comm.share(shared)
     run.models = algorithm.aggregate(run.models)  # e.g. θ_k ← Σ_i N_i θ_ik / Σ_i N_i
     algorithm.end_round()
-    seen = sum(sizes.values()) * config.local_epochs
+    kept = sum(data.previous_train_size(c) for c in sampled if algorithm.retains(c))
+    seen = (sum(sizes.values()) + kept) * config.local_epochs
     row = {"train_loss": float(loss_sum) / max(seen, 1), "clients": len(sampled)}
     row.update(Traffic.row(traffic))
     if config.lr_schedule != "constant" or type(algorithm).local_lr is not Algorithm.local_lr:
@@ -254,7 +261,7 @@ def local_jobs(
     data, algorithm, device = run.data, run.algorithm, run.models.device
     skip_below = run.config.skip_below
     for client in clients:
-        rows = data.train_slices[client]
+        images, labels, added = training_rows(data, algorithm, client)
         seed = local_seed(run.config.seed, round_, client)
         for task in algorithm.local_tasks(client, gammas.pop(client), run.models, raw.pop(client)):
             task.client = client
@@ -262,7 +269,7 @@ def local_jobs(
                 algorithm.fold(client, task, LocalResult(task.start.clone(), 0.0, None))
                 continue
             run.momentum.attach(task, device)
-            yield task, data.images[rows], data.labels[rows], seed
+            yield with_retained(task, added), images, labels, seed
 
 
 def train_and_fold(run: Run, round_: int, jobs: Iterator[Job]) -> torch.Tensor:

@@ -151,7 +151,7 @@ def expected(algorithm: str) -> object:
 
 
 def test_flower_refuses_only_statistics_staged_training_and_rules() -> None:
-    refused = {"pacfl", "flux", "fedccfa", "apfl", "pfedme", "fedgwc", "floco"}
+    refused = {"pacfl", "flux", "fedccfa", "apfl", "pfedme", "fedgwc", "feddaa", "floco"}
     assert set(BUILT_IN) - set(ON_FLOWER) == refused
 
 

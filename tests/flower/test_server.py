@@ -371,10 +371,15 @@ def test_the_server_says_which_node_holds_the_held_out_clients(
     assert [r.getMessage() for r in caplog.records].count(f"fedrc: {line}") == 1
 
 
-def test_flower_server_refuses_flux_in_one_line(tiny_data: Path, tmp_path: Path) -> None:
-    """FLUX asks each client for a descriptor of its data, which the nodes do not compute: the
-    server refuses it before anything starts, in one line naming the option."""
-    config = flower_config(tiny_data, "flux", tmp_path / "flower")
-    with pytest.raises(FedrcError, match=r"^train\.algorithm: flux asks clients for [^\n]*$"):
+@pytest.mark.parametrize("algorithm", ["flux", "feddaa"])
+def test_flower_server_refuses_flux_in_one_line(
+    algorithm: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    """FLUX asks each client for a descriptor of its data, FedDAA for its data prototype, which
+    the nodes do not compute: the server refuses it before anything starts, in one line naming
+    the option."""
+    config = flower_config(tiny_data, algorithm, tmp_path / "flower")
+    match = rf"^train\.algorithm: {algorithm} asks clients for [^\n]*$"
+    with pytest.raises(FedrcError, match=match):
         serve(grid_for(tiny_data, config), config, FAST, resume=False, overwrite=False)
     assert not (tmp_path / "flower").exists()
