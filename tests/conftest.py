@@ -31,8 +31,8 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 # One torch thread per test process. The test command spreads the tests over the cores
 # (`pytest -n auto`); workers on torch's default, a thread per core, oversubscribe them, and
-# spinning OpenMP threads slow each other up to tenfold (the suite took 14 minutes so, against
-# 8 on one thread each). The fedrc, dvc and torchrun processes tests start inherit it.
+# spinning OpenMP threads slow each other up to tenfold (on 2 cores the suite took 14 minutes
+# so, and 9.5 on one thread each with more tests). The processes tests start inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
