@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ALGORITHMS, TINY_PARTITION, TINY_TRAIN, snapshot, torch_threads
+from conftest import ALGORITHMS, TINY_PARTITION, TINY_TRAIN, snapshot
 from test_cli import TINY, assert_one_line_error, invoke
 
 from pipeline.common.errors import FedrcError
@@ -51,10 +51,7 @@ def drifting(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fedrc_run(drifting: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "fedrc"
-    with torch_threads(1):
-        return train_stage(
-            make_config(data=str(drifting), algorithm="fedrc", out=str(out), **TRAIN)
-        )
+    return train_stage(make_config(data=str(drifting), algorithm="fedrc", out=str(out), **TRAIN))
 
 
 def test_static_benchmark_shards_are_unchanged(tmp_path: Path) -> None:
@@ -291,11 +288,10 @@ def test_rounds_are_dealt_to_steps() -> None:
 
 def test_resume_mid_step_equals_the_uninterrupted_run(drifting: Path, tmp_path: Path) -> None:
     values = dict(data=str(drifting), algorithm="fedem", **{**TRAIN, "rounds": 6})
-    with torch_threads(1):
-        whole = train_stage(make_config(**values, rounds_per_step=2, out=str(tmp_path / "a")))
-        half = tmp_path / "b"
-        train_stage(make_config(**{**values, "rounds": 3}, rounds_per_step=2, out=str(half)))
-        train_stage(make_config(**values, rounds_per_step=2, out=str(half)), resume=True)
+    whole = train_stage(make_config(**values, rounds_per_step=2, out=str(tmp_path / "a")))
+    half = tmp_path / "b"
+    train_stage(make_config(**{**values, "rounds": 3}, rounds_per_step=2, out=str(half)))
+    train_stage(make_config(**values, rounds_per_step=2, out=str(half)), resume=True)
     rows = [rf.read_metrics(run / rf.METRICS) for run in (whole, half)]
     for row in (*rows[0], *rows[1]):
         row.pop("seconds")
