@@ -18,7 +18,8 @@ Algorithm 1, without evaluation), each followed in the same process by its floor
 Everything else in the round (E-step arithmetic, folding, aggregation, the round loop) is what
 the floor leaves out: the ratio round / floor says what fedrc adds; `server rule` is the part
 of the round spent in the method's own `fold` and `aggregate` (its distances, sums, K-means:
-arithmetic the method cannot skip, yet not in the floor). CPU seconds of this
+arithmetic the method cannot skip, yet not in the floor), and round / (floor + server rule)
+what is left beyond both. CPU seconds of this
 process (`time.process_time`: steadier than wall time on a shared CPU); run it with one thread.
 `inferred` is the models' inference the round computed, in thousands of model × sample;
 `--evaluation` also times one evaluation after the last round (`evaluated`: its inference).
@@ -232,8 +233,9 @@ def main() -> None:
     )
     extra = " evaluation CPU s | evaluated k |" if args.evaluation else ""
     print("\n| method | round CPU s | floor CPU s (train + infer + stats) | round / floor "
-          f"(spread) | server rule CPU s | inferred k / needed k |{extra}", flush=True)  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * 2 * args.evaluation, flush=True)
+          f"(spread) | server rule CPU s | round / (floor + server rule) | inferred k / needed k |"
+          f"{extra}", flush=True)  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * 2 * args.evaluation, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         partition_stage(
@@ -246,12 +248,15 @@ def main() -> None:
             rows = measure(method, data, Path(tmp) / method, args)
             round_ = statistics.median(r["round"] for r in rows)
             parts = [statistics.median(r[k] for r in rows) for k in ("train", "infer", "stats")]
-            ratios = [r["round"] / (r["train"] + r["infer"] + r["stats"]) for r in rows]
+            floors = [r["train"] + r["infer"] + r["stats"] for r in rows]
+            ratios = [r["round"] / f for r, f in zip(rows, floors)]
+            beyond = [r["round"] / (f + r["server"]) for r, f in zip(rows, floors)]
             spread = f"{min(ratios):.2f}–{max(ratios):.2f}" if len(rows) > 1 else "–"
             print(
                 f"| {method} | {round_:.2f} | {sum(parts):.2f} ({parts[0]:.2f} + {parts[1]:.2f}"
                 f" + {parts[2]:.2f}) | {statistics.median(ratios):.2f} ({spread}) | "
                 f"{statistics.median(r['server'] for r in rows):.2f} | "
+                f"{statistics.median(beyond):.2f} | "
                 f"{rows[-1]['inferred'] / 1e3:.1f} / {rows[-1]['needed'] / 1e3:.1f} |"
                 + (
                     f" {rows[-1]['evaluation']:.2f} | {rows[-1]['evaluated'] / 1e3:.1f} |"
